@@ -1,0 +1,13 @@
+"""The ``latentloop`` Typer application that the command modules register on."""
+
+import typer
+
+app = typer.Typer(
+    name="latentloop",
+    help="Models that reason by iterating in latent space: train, evaluate, generate, solve.",
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+data_app = typer.Typer(help="Build datasets on disk.", no_args_is_help=True)
+app.add_typer(data_app, name="data")

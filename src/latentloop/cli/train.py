@@ -1,0 +1,3 @@
+"""latentloop CLI: train commands."""
+
+from latentloop.cli.app import app, data_app  # noqa: F401

@@ -1,0 +1,1 @@
+"""latentloop.infer."""

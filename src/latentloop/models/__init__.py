@@ -1,0 +1,1 @@
+"""Models: the recurrent-depth LM and the recursive reasoners."""

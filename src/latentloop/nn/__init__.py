@@ -1,0 +1,21 @@
+"""Shared building blocks: every model in latentloop is composed from these."""
+
+from latentloop.nn.attention import Attention, KVHook
+from latentloop.nn.blocks import BLOCKS, PostNormBlock, PreNormBlock, SandwichBlock
+from latentloop.nn.mlp import GatedMLP
+from latentloop.nn.norm import RMSNorm
+from latentloop.nn.rope import RotaryEmbedding, apply_rope, rope_frequencies
+
+__all__ = [
+    "BLOCKS",
+    "Attention",
+    "GatedMLP",
+    "KVHook",
+    "PostNormBlock",
+    "PreNormBlock",
+    "RMSNorm",
+    "RotaryEmbedding",
+    "SandwichBlock",
+    "apply_rope",
+    "rope_frequencies",
+]

@@ -1,0 +1,64 @@
+"""Multi-head self-attention: fused QKV, optional qk-bias added before RoPE, SDPA kernel, KV-cache hook."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from latentloop.nn.rope import apply_rope
+
+# Receives this call's keys and values [B, heads, S, head_dim]; returns all keys and values to attend to.
+KVHook = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+class Attention(nn.Module):
+    """Self-attention with one fused ``Wqkv`` projection and an output ``proj``.
+
+    ``qk_bias`` ([2, 1, heads, head_dim]) is a learned offset added to queries and keys before the rotary
+    embedding. ``mask`` is boolean (True = may attend) and broadcasts to [B, heads, S_q, S_k]; without a mask,
+    ``causal`` selects causal or bidirectional attention.
+    """
+
+    def __init__(self, dim: int, n_heads: int, qk_bias: bool = False, bias: bool = False) -> None:
+        super().__init__()
+        if dim % n_heads:
+            raise ValueError(f"hidden size {dim} is not divisible by {n_heads} heads")
+        self.n_heads = n_heads
+        self.head_dim = dim // n_heads
+        self.Wqkv = nn.Linear(dim, 3 * dim, bias=bias)
+        self.qk_bias = nn.Parameter(torch.zeros(2, 1, n_heads, self.head_dim)) if qk_bias else None
+        self.proj = nn.Linear(dim, dim, bias=bias)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+        mask: torch.Tensor | None = None,
+        causal: bool = True,
+        kv_hook: KVHook | None = None,
+    ) -> torch.Tensor:
+        batch, length, dim = x.shape
+        q, k, v = self.Wqkv(x).view(batch, length, 3, self.n_heads, self.head_dim).unbind(2)
+        if self.qk_bias is not None:
+            q = q + self.qk_bias[0]
+            k = k + self.qk_bias[1]
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        if kv_hook is not None:
+            k, v = kv_hook(k, v)
+        if mask is not None:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        elif causal and length > 1:
+            if k.shape[2] != length:
+                offset = k.shape[2] - length
+                mask = torch.ones(length, k.shape[2], dtype=torch.bool, device=x.device).tril(offset)
+                out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            else:
+                out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v)
+        return self.proj(out.transpose(1, 2).reshape(batch, length, dim))

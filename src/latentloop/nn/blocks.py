@@ -1,0 +1,114 @@
+"""Transformer block layouts: sandwich (huginn), pre-norm and post-norm, all attention + gated MLP."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from latentloop.nn.attention import Attention, KVHook
+from latentloop.nn.mlp import GatedMLP
+from latentloop.nn.norm import RMSNorm
+
+
+class _Block(nn.Module):
+    def __init__(
+        self,
+        dim: int,
+        n_heads: int,
+        hidden: int,
+        eps: float = 1e-6,
+        qk_bias: bool = False,
+        bias: bool = False,
+    ) -> None:
+        super().__init__()
+        self.attn = Attention(dim, n_heads, qk_bias=qk_bias, bias=bias)
+        self.mlp = GatedMLP(dim, hidden, bias=bias)
+
+
+class SandwichBlock(_Block):
+    """``x = n2(x + Attn(n1(x)))``; ``x = n4(x + MLP(n3(x)))``."""
+
+    def __init__(
+        self,
+        dim: int,
+        n_heads: int,
+        hidden: int,
+        eps: float = 1e-6,
+        qk_bias: bool = False,
+        bias: bool = False,
+    ):
+        super().__init__(dim, n_heads, hidden, eps, qk_bias, bias)
+        self.norm_1 = RMSNorm(dim, eps)
+        self.norm_2 = RMSNorm(dim, eps)
+        self.norm_3 = RMSNorm(dim, eps)
+        self.norm_4 = RMSNorm(dim, eps)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+        mask: torch.Tensor | None = None,
+        causal: bool = True,
+        kv_hook: KVHook | None = None,
+    ) -> torch.Tensor:
+        x = self.norm_2(x + self.attn(self.norm_1(x), rope, mask, causal, kv_hook))
+        return self.norm_4(x + self.mlp(self.norm_3(x)))
+
+
+class PreNormBlock(_Block):
+    """``x = x + Attn(n1(x))``; ``x = x + MLP(n2(x))``."""
+
+    def __init__(
+        self,
+        dim: int,
+        n_heads: int,
+        hidden: int,
+        eps: float = 1e-6,
+        qk_bias: bool = False,
+        bias: bool = False,
+    ):
+        super().__init__(dim, n_heads, hidden, eps, qk_bias, bias)
+        self.norm_1 = RMSNorm(dim, eps)
+        self.norm_2 = RMSNorm(dim, eps)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+        mask: torch.Tensor | None = None,
+        causal: bool = True,
+        kv_hook: KVHook | None = None,
+    ) -> torch.Tensor:
+        x = x + self.attn(self.norm_1(x), rope, mask, causal, kv_hook)
+        return x + self.mlp(self.norm_2(x))
+
+
+class PostNormBlock(_Block):
+    """``x = n1(x + Attn(x))``; ``x = n2(x + MLP(x))`` (the HRM/TRM layout)."""
+
+    def __init__(
+        self,
+        dim: int,
+        n_heads: int,
+        hidden: int,
+        eps: float = 1e-6,
+        qk_bias: bool = False,
+        bias: bool = False,
+    ):
+        super().__init__(dim, n_heads, hidden, eps, qk_bias, bias)
+        self.norm_1 = RMSNorm(dim, eps)
+        self.norm_2 = RMSNorm(dim, eps)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+        mask: torch.Tensor | None = None,
+        causal: bool = True,
+        kv_hook: KVHook | None = None,
+    ) -> torch.Tensor:
+        x = self.norm_1(x + self.attn(x, rope, mask, causal, kv_hook))
+        return self.norm_2(x + self.mlp(x))
+
+
+BLOCKS = {"sandwich": SandwichBlock, "pre-norm": PreNormBlock, "post-norm": PostNormBlock}
