@@ -16,7 +16,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -85,7 +85,11 @@ class RecurrentDepthConfig:
         )
 
     # huginn config.json <-> config ------------------------------------------------------------------------------
-    _ALIASES = {"num_attention_heads": "n_heads", "hidden_size": "n_embd", "padded_vocab_size": "vocab_size"}
+    _ALIASES: ClassVar[dict[str, str]] = {
+        "num_attention_heads": "n_heads",
+        "hidden_size": "n_embd",
+        "padded_vocab_size": "vocab_size",
+    }
 
     @classmethod
     def from_huginn_dict(cls, data: dict[str, Any]) -> RecurrentDepthConfig:

@@ -1,0 +1,140 @@
+import pytest
+import torch
+
+from latentloop.errors import UsageError
+from latentloop.models.generation import ExitCriterion, generate, select_token
+from latentloop.models.kv_cache import LayerKey, RecurrentKVCache
+
+
+@pytest.fixture
+def prompt() -> torch.Tensor:
+    return torch.randint(1, 96, (1, 9), generator=torch.Generator().manual_seed(3))
+
+
+def greedy(model, ids, **kwargs):
+    return generate(model, ids, max_new_tokens=kwargs.pop("n", 12), init_scale=0.0, **kwargs).sequences
+
+
+def test_cached_greedy_equals_recomputation_token_for_token(tiny_lm):
+    ids = torch.randint(1, 96, (3, 7), generator=torch.Generator().manual_seed(4))
+    for depth in (1, 3, 6):
+        assert torch.equal(
+            greedy(tiny_lm, ids, num_steps=depth), greedy(tiny_lm, ids, num_steps=depth, use_cache=False)
+        )
+
+
+def test_kv_share_with_budget_at_least_depth_equals_no_sharing(tiny_lm, prompt):
+    plain = greedy(tiny_lm, prompt, num_steps=5)
+    assert torch.equal(greedy(tiny_lm, prompt, num_steps=5, kv_share=5), plain)
+    assert torch.equal(greedy(tiny_lm, prompt, num_steps=5, kv_share=8), plain)
+
+
+def test_kv_share_bounds_cache_memory(tiny_lm, prompt):
+    config = tiny_lm.config
+    sizes = {}
+    for share in (None, 4):
+        cache = RecurrentKVCache(1, config.n_heads, config.head_dim, 64, kv_share=share)
+        tiny_lm(prompt, num_steps=32, init_scale=0.0, cache=cache)
+        sizes[share] = cache.nbytes()
+    # (prelude + coda + 2 core layers x 4 slots) / (prelude + coda + 2 core layers x 32 slots)
+    assert sizes[4] / sizes[None] == pytest.approx((2 + 2 * 4) / (2 + 2 * 32))
+
+
+def test_adaptive_exit_with_threshold_zero_equals_fixed_depth(tiny_lm, prompt):
+    plain = greedy(tiny_lm, prompt, num_steps=6)
+    for spec in ("kl:0", "entropy-diff:0", "latent-diff:0", "cosine:0"):
+        out = generate(tiny_lm, prompt, max_new_tokens=12, num_steps=6, init_scale=0.0, exit=spec)
+        assert torch.equal(out.sequences, plain), spec
+        assert out.mean_steps == 6
+
+
+def test_adaptive_exit_saves_iterations_and_counts_them(tiny_lm, prompt):
+    out = generate(tiny_lm, prompt, max_new_tokens=10, num_steps=16, init_scale=0.0, exit="latent-diff:0.5")
+    assert out.steps.shape == (1, 10)
+    assert out.steps[0, 0] == 16  # the first new token comes from the full-depth prefill
+    assert 1 <= out.mean_steps < 16
+
+
+def test_exited_tokens_fill_skipped_slots_from_deepest_same_residue():
+    cache = RecurrentKVCache(2, 1, 2, 4, kv_share=4)
+    for slot in range(4):
+        k = torch.full((2, 1, 1, 2), float(slot))
+        cache.hook(LayerKey("core", 0, slot), 0)(k, k)
+    rows = torch.tensor([True, False])
+    cache.fill_skipped(rows, position=0, iterations_done=2, n_layers=1)
+    keys = {key.slot: t for key, t in cache.keys.items()}
+    # row 0 ran iterations 0 and 1: slots 2 and 3 take iteration 1's keys; row 1 keeps its own
+    assert [keys[s][0, 0, 0, 0].item() for s in range(4)] == [0, 1, 1, 1]
+    assert [keys[s][1, 0, 0, 0].item() for s in range(4)] == [0, 1, 2, 3]
+
+
+def test_left_padded_batch_generates_what_each_row_generates_alone(tiny_lm):
+    g = torch.Generator().manual_seed(5)
+    rows = [torch.randint(1, 96, (n,), generator=g) for n in (9, 4, 6)]
+    width = max(len(r) for r in rows)
+    batch = torch.zeros(len(rows), width, dtype=torch.long)
+    mask = torch.zeros_like(batch)
+    for i, r in enumerate(rows):
+        batch[i, width - len(r) :] = r
+        mask[i, width - len(r) :] = 1
+    out = generate(
+        tiny_lm, batch, attention_mask=mask, max_new_tokens=10, num_steps=4, init_scale=0.0
+    ).sequences
+    for i, r in enumerate(rows):
+        alone = greedy(tiny_lm, r[None], num_steps=4, n=10)
+        assert torch.equal(out[i, width:], alone[0, len(r) :]), i
+
+
+def test_greedy_speculative_decoding_equals_plain_greedy(tiny_lm, prompt):
+    plain = greedy(tiny_lm, prompt, num_steps=6, n=15)
+    for draft_steps, draft_tokens in ((1, 3), (2, 5), (6, 2)):
+        spec = greedy(tiny_lm, prompt, num_steps=6, n=15, speculative=draft_steps, draft_tokens=draft_tokens)
+        assert torch.equal(spec, plain), (draft_steps, draft_tokens)
+
+
+def test_continuous_mode_and_trajectories(tiny_lm, prompt):
+    out = generate(
+        tiny_lm,
+        prompt,
+        max_new_tokens=5,
+        num_steps=4,
+        init_scale=0.0,
+        continuous=True,
+        return_trajectory=True,
+    )
+    assert len(out.trajectories) == 4 and out.trajectories[0].shape == (4, 1, 64)
+    # warm start changes the computation, so the first decoded token's trajectory starts elsewhere
+    cold = generate(tiny_lm, prompt, max_new_tokens=5, num_steps=4, init_scale=0.0, return_trajectory=True)
+    assert not torch.allclose(out.trajectories[0][0], cold.trajectories[0][0])
+
+
+def test_stop_tokens_end_generation(tiny_lm, prompt):
+    first = greedy(tiny_lm, prompt, num_steps=3, n=1)[0, -1].item()
+    out = generate(tiny_lm, prompt, max_new_tokens=10, num_steps=3, init_scale=0.0, stop_tokens=[first])
+    assert out.sequences.shape[1] == prompt.shape[1] + 1
+
+
+def test_sampling_filters():
+    logits = torch.tensor([[0.0, 1.0, 2.0, 3.0]])
+    assert select_token(logits).item() == 3
+    g = torch.Generator().manual_seed(0)
+    draws = {select_token(logits, do_sample=True, top_k=2, generator=g).item() for _ in range(200)}
+    assert draws == {2, 3}
+    draws = {select_token(logits, do_sample=True, top_p=0.5, generator=g).item() for _ in range(200)}
+    assert draws == {3}
+
+
+def test_bad_generation_arguments_are_usage_errors(tiny_lm, prompt):
+    with pytest.raises(UsageError, match="unknown exit criterion"):
+        ExitCriterion.parse("banana:1")
+    with pytest.raises(UsageError, match="not a number"):
+        ExitCriterion.parse("kl:abc")
+    with pytest.raises(UsageError, match="empty"):
+        generate(tiny_lm, torch.zeros(1, 0, dtype=torch.long))
+    with pytest.raises(UsageError, match="block_size"):
+        generate(tiny_lm, prompt, max_new_tokens=1000)
+
+
+def test_model_generate_method_is_greedy_by_default(tiny_lm, prompt):
+    ids = tiny_lm.generate(prompt, max_new_tokens=6, num_steps=3, init_scale=0.0)
+    assert torch.equal(ids, greedy(tiny_lm, prompt, num_steps=3, n=6))

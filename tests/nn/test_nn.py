@@ -1,0 +1,80 @@
+import torch
+
+from latentloop.nn import Attention, RMSNorm, RotaryEmbedding, SandwichBlock, apply_rope
+
+
+def test_rmsnorm_normalises_in_fp32_and_returns_input_dtype():
+    norm = RMSNorm(8, eps=1e-6).to(torch.bfloat16)
+    x = torch.randn(3, 8, dtype=torch.bfloat16) * 100
+    out = norm(x)
+    assert out.dtype == torch.bfloat16
+    x32 = x.float()
+    expected = (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + 1e-6)).to(torch.bfloat16)
+    assert torch.equal(out, expected)
+
+
+def test_rope_rotates_adjacent_pairs_like_complex_multiplication():
+    rope = RotaryEmbedding(head_dim=8, max_positions=16, base=50_000)
+    x = torch.randn(1, 5, 2, 8)
+    cos, sin = rope.tables(torch.arange(5))
+    rotated = apply_rope(x, cos, sin)
+    angles = torch.atan2(sin, cos)
+    as_complex = torch.view_as_complex(x.unflatten(-1, (-1, 2)).contiguous())
+    expected = torch.view_as_real(as_complex * torch.polar(torch.ones_like(angles), angles)).flatten(-2)
+    torch.testing.assert_close(rotated, expected)
+    # position 0 is the identity; rotate-half would fail the complex check above
+    torch.testing.assert_close(rotated[:, 0], x[:, 0])
+
+
+def test_rope_scores_depend_only_on_relative_position():
+    rope = RotaryEmbedding(head_dim=8, max_positions=64, base=10_000)
+    q, k = torch.randn(1, 1, 1, 8), torch.randn(1, 1, 1, 8)
+
+    def score(m: int, n: int) -> torch.Tensor:
+        qm = apply_rope(q, *rope.tables(torch.tensor([m])))
+        kn = apply_rope(k, *rope.tables(torch.tensor([n])))
+        return (qm * kn).sum()
+
+    torch.testing.assert_close(score(7, 3), score(30, 26))
+
+
+def test_causal_attention_ignores_future_tokens():
+    torch.manual_seed(0)
+    attn = Attention(16, 2, qk_bias=True)
+    rope = RotaryEmbedding(8, 32).tables(torch.arange(6))
+    x = torch.randn(1, 6, 16)
+    y = x.clone()
+    y[:, 4:] = torch.randn(1, 2, 16)
+    torch.testing.assert_close(attn(x, rope)[:, :4], attn(y, rope)[:, :4])
+    bidirectional = attn(x, rope, causal=False)[:, :4]
+    assert not torch.allclose(bidirectional, attn(y, rope, causal=False)[:, :4])
+
+
+def test_attention_mask_hides_padded_keys():
+    torch.manual_seed(0)
+    attn = Attention(16, 2)
+    x = torch.randn(1, 5, 16)
+    y = x.clone()
+    y[:, 1] = torch.randn(16)  # a padded key: changing it must not matter
+    mask = torch.ones(1, 1, 5, 5, dtype=torch.bool).tril()
+    mask[..., 1] = False
+    mask[..., 1, 1] = True
+    out_x, out_y = attn(x, mask=mask), attn(y, mask=mask)
+    torch.testing.assert_close(out_x[:, 2:], out_y[:, 2:])
+
+
+def test_kv_hook_incremental_decoding_matches_full_pass():
+    torch.manual_seed(0)
+    block = SandwichBlock(16, 2, 32, qk_bias=True)
+    rope = RotaryEmbedding(8, 32)
+    x = torch.randn(2, 7, 16)
+    full = block(x, rope.tables(torch.arange(7)))
+    keys, values = [], []
+
+    def hook(k, v):
+        keys.append(k)
+        values.append(v)
+        return torch.cat(keys, dim=2), torch.cat(values, dim=2)
+
+    steps = [block(x[:, t : t + 1], rope.tables(torch.tensor([t])), kv_hook=hook) for t in range(7)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
