@@ -1,3 +1,109 @@
-"""latentloop CLI: generate commands."""
+"""``latentloop generate``: continue a prompt with a recurrent-depth checkpoint."""
 
-from latentloop.cli.app import app, data_app  # noqa: F401
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import typer
+
+from latentloop.cli.app import app
+from latentloop.errors import UsageError
+
+
+def resolve_model_folder(path: Path) -> Path:
+    """A checkpoint folder (``config.json`` + weights) or a run folder, whose newest checkpoint is used."""
+    if (path / "config.json").is_file():
+        return path
+    if not path.is_dir():
+        raise UsageError(f"model folder {path} does not exist")
+    from latentloop.train.checkpoint import latest_checkpoint
+
+    found = latest_checkpoint(path)
+    if found is None:
+        raise UsageError(f"{path} holds neither a config.json nor a complete checkpoint")
+    return found
+
+
+@app.command()
+def generate(
+    model: Path = typer.Argument(..., help="Checkpoint folder (config.json + model.safetensors) or a run folder."),
+    prompt: str = typer.Argument(..., help="The text to continue."),
+    num_steps: int = typer.Option(None, "--num-steps", "-r", help="Core iterations per token (default: the mean)."),
+    max_new_tokens: int = typer.Option(32, "--max-new-tokens", "-n", help="Tokens to generate at most."),
+    exit_criterion: str = typer.Option(
+        None, "--exit", help="Per-token early exit, e.g. kl:5e-4, entropy-diff:1e-3, latent-diff:0.03, cosine."
+    ),
+    kv_share: int = typer.Option(None, "--kv-share", help="Core KV-cache slots (iteration i uses slot i mod k)."),
+    continuous: bool = typer.Option(False, "--continuous", help="Warm-start each token from the previous state."),
+    speculative: int = typer.Option(None, "--speculative", help="Draft with this many iterations, verify at full depth."),
+    draft_tokens: int = typer.Option(4, "--draft-tokens", help="Tokens drafted per speculative round."),
+    temperature: float = typer.Option(0.0, "--temperature", help="0 is greedy; above 0 samples."),
+    top_k: int = typer.Option(None, "--top-k", help="Sample only among the k most likely tokens."),
+    top_p: float = typer.Option(None, "--top-p", help="Sample only within this probability mass."),
+    init_scale: float = typer.Option(1.0, "--init-scale", help="Scale of the random initial state (0 = zeros)."),
+    seed: int = typer.Option(0, "--seed", help="Seed for the initial states and sampling."),
+    tokenizer: str = typer.Option(None, "--tokenizer", help="tokenizer.json (default: the model's, else bytes)."),
+    as_json: bool = typer.Option(False, "--json", help="Print text, tokens, tokens/s and mean iterations as JSON."),
+) -> None:
+    """Generate text with a recurrent-depth model at any test-time depth."""
+    from latentloop.data.tokenizers import load_tokenizer
+    from latentloop.models.generation import ExitCriterion
+    from latentloop.models.generation import generate as run_generation
+    from latentloop.models.recurrent_depth import RecurrentDepthLM
+
+    if not prompt:
+        raise UsageError("the prompt is empty")
+    for name, value in (("--num-steps", num_steps), ("--kv-share", kv_share), ("--speculative", speculative)):
+        if value is not None and value < 1:
+            raise UsageError(f"{name} must be at least 1, got {value}")
+    if max_new_tokens < 1 or draft_tokens < 1:
+        raise UsageError("--max-new-tokens and --draft-tokens must be at least 1")
+    if temperature < 0 or (top_p is not None and not 0 < top_p <= 1):
+        raise UsageError("--temperature must be >= 0 and --top-p in (0, 1]")
+    criterion = ExitCriterion.parse(exit_criterion)
+    folder = resolve_model_folder(model)
+    lm = RecurrentDepthLM.from_pretrained(folder)
+    tok_spec = tokenizer or (folder / "tokenizer.json" if (folder / "tokenizer.json").is_file() else None)
+    tok = load_tokenizer(tok_spec)
+    ids = tok.encode(prompt)
+    if not ids:
+        raise UsageError("the prompt encodes to no tokens")
+    if max(ids) >= lm.config.vocab_size:
+        raise UsageError(f"the tokenizer's ids exceed the model's vocab_size {lm.config.vocab_size}")
+    torch.manual_seed(seed)
+    out = run_generation(
+        lm,
+        torch.tensor([ids]),
+        max_new_tokens=max_new_tokens,
+        num_steps=num_steps,
+        init_scale=init_scale,
+        do_sample=temperature > 0,
+        temperature=temperature or 1.0,
+        top_k=top_k,
+        top_p=top_p,
+        stop_tokens=[tok.eos_id],
+        kv_share=kv_share,
+        exit=criterion,
+        continuous=continuous,
+        speculative=speculative,
+        draft_tokens=draft_tokens,
+        generator=torch.Generator().manual_seed(seed),
+    )
+    new = out.sequences[0, len(ids) :].tolist()
+    text = tok.decode(new)
+    if as_json:
+        result = {
+            "text": text,
+            "tokens": new,
+            "tokens_per_second": round(out.tokens_per_second, 3),
+            "mean_iterations_per_token": round(out.mean_steps, 3),
+            "num_steps": num_steps or lm.config.mean_recurrence,
+            "exit": exit_criterion,
+            "kv_share": kv_share,
+            "speculative": speculative,
+        }
+        typer.echo(json.dumps(result))
+    else:
+        typer.echo(prompt + text)

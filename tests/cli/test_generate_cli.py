@@ -1,0 +1,44 @@
+import json
+
+import torch
+
+from latentloop.cli import main
+from latentloop.models.recurrent_depth import RecurrentDepthLM
+from tests.conftest import tiny_config
+
+
+def saved_model(tmp_path):
+    torch.manual_seed(0)
+    folder = tmp_path / "model"
+    RecurrentDepthLM(tiny_config(vocab_size=259 + 5)).save_pretrained(folder)
+    return folder
+
+
+def test_generate_json_reports_text_tokens_speed_and_iterations(tmp_path, capsys):
+    folder = saved_model(tmp_path)
+    args = [str(folder), "12+34=", "--num-steps", "4", "--max-new-tokens", "5", "--init-scale", "0"]
+    assert main(["generate", *args, "--json"]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert set(plain) >= {"text", "tokens", "tokens_per_second", "mean_iterations_per_token"}
+    assert len(plain["tokens"]) <= 5 and plain["mean_iterations_per_token"] == 4
+    assert main(["generate", *args, "--json", "--exit", "kl:0", "--kv-share", "4"]) == 0
+    assert json.loads(capsys.readouterr().out)["tokens"] == plain["tokens"]
+    assert main(["generate", *args, "--json", "--speculative", "1"]) == 0
+    assert json.loads(capsys.readouterr().out)["tokens"] == plain["tokens"]
+
+
+def test_generate_bad_input_exits_2_with_one_line(tmp_path, capsys):
+    folder = saved_model(tmp_path)
+    cases = [
+        [str(tmp_path / "nowhere"), "hi"],
+        [str(folder), ""],
+        [str(folder), "hi", "--exit", "banana"],
+        [str(folder), "hi", "--kv-share", "0"],
+    ]
+    for args in cases:
+        assert main(["generate", *args]) == 2, args
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("error:") and "\n" not in err, err
+    (folder / "config.json").write_text(json.dumps({"n_embd": 32, "n_heads": 4}))
+    assert main(["generate", str(folder), "hi"]) == 2
+    assert "does not match" in capsys.readouterr().err
