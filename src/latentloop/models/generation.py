@@ -141,7 +141,6 @@ def select_token(
     return torch.multinomial(logits.softmax(-1), 1, generator=generator).squeeze(-1)
 
 
-@torch.no_grad()
 def generate(
     model: RecurrentDepthLM,
     input_ids: torch.Tensor,
@@ -198,21 +197,39 @@ def generate(
     was_training = model.training
     model.eval()
     try:
-        decoder = _Decoder(model, input_ids, depth, init_scale, attention_mask, kv_share, total, use_cache)
-        sampling = dict(
-            do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator
-        )
-        started = time.perf_counter()
-        if speculative is not None:
-            out = decoder.speculative(max_new_tokens, speculative, draft_tokens, stop_tokens, sampling)
-        else:
-            out = decoder.run(
-                max_new_tokens, criterion, continuous, stop_tokens, pad_token_id, sampling, return_trajectory
+        with torch.inference_mode():
+            decoder = _Decoder(
+                model, input_ids, depth, init_scale, attention_mask, kv_share, total, use_cache
             )
-        out.seconds = time.perf_counter() - started
-        return out
+            sampling = dict(
+                do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator
+            )
+            started = time.perf_counter()
+            if speculative is not None:
+                out = decoder.speculative(max_new_tokens, speculative, draft_tokens, stop_tokens, sampling)
+            else:
+                out = decoder.run(
+                    max_new_tokens,
+                    criterion,
+                    continuous,
+                    stop_tokens,
+                    pad_token_id,
+                    sampling,
+                    return_trajectory,
+                )
+            out.seconds = time.perf_counter() - started
     finally:
         model.train(was_training)
+    return _plain(out)
+
+
+def _plain(out: GenerationOutput) -> GenerationOutput:
+    """Copies of inference-mode tensors, so callers may use them with autograd afterwards."""
+    with torch.inference_mode(False):
+        out.sequences = out.sequences.clone()
+        out.steps = out.steps.clone()
+        out.trajectories = [t.clone() for t in out.trajectories]
+    return out
 
 
 class _Decoder:

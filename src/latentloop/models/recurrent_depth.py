@@ -131,7 +131,6 @@ class RecurrentDepthConfig:
             "mean_backprop_depth": self.mean_backprop_depth,
             "sampling_scheme": self.sampling_scheme,
             "tie_embeddings": self.tie_embeddings,
-            "tie_word_embeddings": self.tie_embeddings,
             "qk_bias": self.qk_bias,
             "bias": self.bias,
             "block_class_name": "SandwichBlock",
@@ -141,7 +140,9 @@ class RecurrentDepthConfig:
             "injection_type": "linear",
             "state_init": "like-init",
         }
-        return {**self.extra, **data}
+        # The reference config class sets tie_word_embeddings itself and fails if it arrives twice.
+        extra = {k: v for k, v in self.extra.items() if k != "tie_word_embeddings"}
+        return {**extra, **data}
 
 
 @dataclass

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -16,6 +17,5 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         with torch.autocast(device_type=x.device.type if x.device.type != "meta" else "cpu", enabled=False):
-            x32 = x.float()
-            normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+            normed = F.rms_norm(x.float(), (x.shape[-1],), None, self.eps)
         return normed.type_as(x) * self.weight
