@@ -28,24 +28,42 @@ def resolve_model_folder(path: Path) -> Path:
 
 @app.command()
 def generate(
-    model: Path = typer.Argument(..., help="Checkpoint folder (config.json + model.safetensors) or a run folder."),
+    model: Path = typer.Argument(
+        ..., help="Checkpoint folder (config.json + model.safetensors) or a run folder."
+    ),
     prompt: str = typer.Argument(..., help="The text to continue."),
-    num_steps: int = typer.Option(None, "--num-steps", "-r", help="Core iterations per token (default: the mean)."),
+    num_steps: int = typer.Option(
+        None, "--num-steps", "-r", help="Core iterations per token (default: the mean)."
+    ),
     max_new_tokens: int = typer.Option(32, "--max-new-tokens", "-n", help="Tokens to generate at most."),
     exit_criterion: str = typer.Option(
-        None, "--exit", help="Per-token early exit, e.g. kl:5e-4, entropy-diff:1e-3, latent-diff:0.03, cosine."
+        None,
+        "--exit",
+        help="Per-token early exit, e.g. kl:5e-4, entropy-diff:1e-3, latent-diff:0.03, cosine.",
     ),
-    kv_share: int = typer.Option(None, "--kv-share", help="Core KV-cache slots (iteration i uses slot i mod k)."),
-    continuous: bool = typer.Option(False, "--continuous", help="Warm-start each token from the previous state."),
-    speculative: int = typer.Option(None, "--speculative", help="Draft with this many iterations, verify at full depth."),
+    kv_share: int = typer.Option(
+        None, "--kv-share", help="Core KV-cache slots (iteration i uses slot i mod k)."
+    ),
+    continuous: bool = typer.Option(
+        False, "--continuous", help="Warm-start each token from the previous state."
+    ),
+    speculative: int = typer.Option(
+        None, "--speculative", help="Draft with this many iterations, verify at full depth."
+    ),
     draft_tokens: int = typer.Option(4, "--draft-tokens", help="Tokens drafted per speculative round."),
     temperature: float = typer.Option(0.0, "--temperature", help="0 is greedy; above 0 samples."),
     top_k: int = typer.Option(None, "--top-k", help="Sample only among the k most likely tokens."),
     top_p: float = typer.Option(None, "--top-p", help="Sample only within this probability mass."),
-    init_scale: float = typer.Option(1.0, "--init-scale", help="Scale of the random initial state (0 = zeros)."),
+    init_scale: float = typer.Option(
+        1.0, "--init-scale", help="Scale of the random initial state (0 = zeros)."
+    ),
     seed: int = typer.Option(0, "--seed", help="Seed for the initial states and sampling."),
-    tokenizer: str = typer.Option(None, "--tokenizer", help="tokenizer.json (default: the model's, else bytes)."),
-    as_json: bool = typer.Option(False, "--json", help="Print text, tokens, tokens/s and mean iterations as JSON."),
+    tokenizer: str = typer.Option(
+        None, "--tokenizer", help="tokenizer.json (default: the model's, else bytes)."
+    ),
+    as_json: bool = typer.Option(
+        False, "--json", help="Print text, tokens, tokens/s and mean iterations as JSON."
+    ),
 ) -> None:
     """Generate text with a recurrent-depth model at any test-time depth."""
     from latentloop.data.tokenizers import load_tokenizer
