@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import torch
 import typer
 
 from latentloop.cli.app import app
@@ -66,6 +65,8 @@ def generate(
     ),
 ) -> None:
     """Generate text with a recurrent-depth model at any test-time depth."""
+    import torch
+
     from latentloop.data.tokenizers import load_tokenizer
     from latentloop.models.generation import ExitCriterion
     from latentloop.models.generation import generate as run_generation

@@ -1,3 +1,243 @@
-"""latentloop CLI: tasks commands."""
+"""latentloop CLI: ``data build``, ``check`` and ``solve`` for the structured-reasoning tasks.
 
-from latentloop.cli.app import app, data_app  # noqa: F401
+Task options come as ``TASK:key=value,...``, as ``--n``/``--colors``, or as any ``--key value`` after the
+positional arguments (e.g. ``latentloop data build sudoku --out d --tier hard --augment 4``).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import typer
+
+from latentloop.cli.app import app, data_app
+from latentloop.errors import UsageError
+from latentloop.tasks.base import Task, get_task, parse_task_spec
+
+_EXTRA = {"allow_extra_args": True, "ignore_unknown_options": True}
+
+
+def _extra_options(args: list[str]) -> dict[str, str]:
+    """``--key value`` / ``--key=value`` pairs left over by the parser (a bare ``--flag`` means true)."""
+    options: dict[str, str] = {}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if not arg.startswith("--") or len(arg) < 3:
+            raise UsageError(
+                f"unexpected argument {arg!r} (task options go as --key value or TASK:key=value)"
+            )
+        key, eq, value = arg[2:].partition("=")
+        if not eq:
+            if i + 1 < len(args) and not args[i + 1].startswith("--"):
+                value, i = args[i + 1], i + 1
+            else:
+                value = "true"
+        options[key.replace("-", "_")] = value
+        i += 1
+    return options
+
+
+def _task(spec: str, ctx: typer.Context, **named: Any) -> tuple[Task, dict[str, str]]:
+    """The task named by ``spec`` with options from the spec, the named options and the leftover arguments."""
+    name, options = parse_task_spec(spec)
+    options.update({k: str(v) for k, v in named.items() if v is not None})
+    options.update(_extra_options(list(ctx.args)))
+    return get_task(name, **options), options
+
+
+def _emit(as_json: bool, payload: dict[str, Any], text: str) -> None:
+    typer.echo(json.dumps(payload) if as_json else text)
+
+
+# ------------------------------------------------------------------------------------------------------
+# data build
+# ------------------------------------------------------------------------------------------------------
+
+
+@data_app.command("build", context_settings=_EXTRA)
+def build(
+    ctx: typer.Context,
+    task: str = typer.Argument(..., help="Task name, optionally with options: nqueens:n=10"),
+    out: str = typer.Option(..., "--out", help="Dataset folder to write (atomically)."),
+    size: int | None = typer.Option(None, "--size", help="Training puzzles (distinct inputs); default: all."),
+    test_size: int | None = typer.Option(None, "--test-size", help="Test puzzles; default: all."),
+    seed: int = typer.Option(0, "--seed", help="Seed: the same seed gives the same files."),
+    n: str | None = typer.Option(None, "--n", help="Task option n (board side / vertices)."),
+    colors: str | None = typer.Option(None, "--colors", help="Task option colors (graph colouring)."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing --out folder."),
+    as_json: bool = typer.Option(False, "--json", help="Print the counts as JSON."),
+) -> None:
+    """Build a task's train and test splits as numpy arrays plus metadata.json."""
+    from latentloop.data.dataset import build_dataset
+
+    the_task, options = _task(task, ctx, n=n, colors=colors)
+    metadata = build_dataset(
+        the_task, out, size=size, test_size=test_size, seed=seed, force=force, spec=options
+    )
+    counts = metadata["counts"]
+    text = "\n".join(
+        [f"wrote {out}  (seq_len {metadata['seq_len']}, vocab {metadata['vocab_size']})"]
+        + [
+            f"  {split}: {c['rows']} rows, {c['puzzles']} puzzles, {c['groups']} groups"
+            for split, c in counts.items()
+        ]
+    )
+    _emit(as_json, {"out": out, "task": the_task.name, **counts}, text)
+
+
+# ------------------------------------------------------------------------------------------------------
+# check
+# ------------------------------------------------------------------------------------------------------
+
+
+def _parse_answer(task: Task, text: str, puzzle: Any) -> Any:
+    parse_answer = getattr(task, "parse_answer", None)
+    return parse_answer(text, puzzle) if parse_answer else task.parse(text)
+
+
+@app.command("check", context_settings=_EXTRA)
+def check(
+    ctx: typer.Context,
+    task: str = typer.Argument(..., help="Task name (options as TASK:key=value or --key value)."),
+    puzzle: str = typer.Argument(..., help="The puzzle in the task's text form."),
+    answer: str = typer.Argument(..., help="The answer in the task's text form."),
+    n: str | None = typer.Option(None, "--n", help="Task option n."),
+    colors: str | None = typer.Option(None, "--colors", help="Task option colors."),
+    as_json: bool = typer.Option(False, "--json", help='Print {"valid": bool, "violations": int}.'),
+) -> None:
+    """Check an answer with the task's verifier: exit 0 when valid, 1 when not, 2 on bad input."""
+    the_task, _ = _task(task, ctx, n=n, colors=colors)
+    the_puzzle = the_task.parse(puzzle)
+    the_answer = _parse_answer(the_task, answer, the_puzzle)
+    violations = int(the_task.violations(the_puzzle, the_answer))
+    valid = violations == 0
+    _emit(
+        as_json,
+        {"valid": valid, "violations": violations},
+        "valid" if valid else f"invalid: {violations} violations",
+    )
+    if not valid:
+        raise typer.Exit(1)
+
+
+# ------------------------------------------------------------------------------------------------------
+# solve
+# ------------------------------------------------------------------------------------------------------
+
+
+def _exact_sudoku(task: Any, puzzle: np.ndarray, all_: bool, limit: int | None) -> tuple[dict, str, bool]:
+    if all_:
+        cap = limit or 1000
+        result = task.solve(puzzle, limit=cap, keep=cap)
+        found = [task.format(s) for s in result.solutions]
+        payload = {
+            "count": result.count,
+            "capped": result.count >= cap,
+            "guesses": result.guesses,
+            "solutions": found,
+        }
+        text = "\n".join(
+            [
+                *found,
+                f"count: {result.count}{'+' if result.count >= cap else ''}",
+                f"guesses: {result.guesses}",
+            ]
+        )
+        return payload, text, result.count > 0
+    result = task.solve(puzzle, limit=2)
+    solution = task.format(result.solution) if result.solution is not None else None
+    payload = {
+        "solution": solution,
+        "count": result.count,
+        "unique": result.count == 1,
+        "guesses": result.guesses,
+    }
+    if solution is None:
+        return payload, f"no solution\nguesses: {result.guesses}", False
+    count = "1 (unique)" if result.count == 1 else "2+ (not unique)"
+    text = f"{task.format(result.solution, pretty=True)}\nsolution: {solution}\ncount: {count}\nguesses: {result.guesses}"
+    return payload, text, True
+
+
+def _exact_nqueens(task: Any, puzzle: np.ndarray, all_: bool, limit: int | None) -> tuple[dict, str, bool]:
+    found = task.solutions(puzzle, limit=limit if all_ else 2)
+    boards = [task.format(b) for b in found]
+    if all_:
+        payload = {"count": len(found), "solutions": boards}
+        return payload, "\n".join([*boards, f"count: {len(found)}"]), bool(found)
+    payload = {"solution": boards[0] if boards else None, "count": len(found), "unique": len(found) == 1}
+    if not found:
+        return payload, "no solution", False
+    count = "1 (unique)" if len(found) == 1 else "2+ (use --all to list every completion)"
+    return payload, f"{task.format(found[0], lines=True)}\nsolution: {boards[0]}\ncount: {count}", True
+
+
+def _exact_graph(task: Any, puzzle: Any, all_: bool, limit: int | None) -> tuple[dict, str, bool]:
+    found, finished = task.solve(puzzle, limit=limit if all_ else 1)
+    k = task.colors
+    payload: dict[str, Any] = {
+        "colors": k,
+        "vertices": puzzle.n,
+        "edges": len(puzzle.edges),
+        "finished": finished,
+    }
+    if not found and not finished:
+        payload["colorable"] = None
+        return payload, f"undecided: the search for a {k}-colouring gave up", False
+    payload["colorable"] = bool(found)
+    if not found:
+        return payload, f"no {k}-colouring exists", False
+    if all_:
+        payload.update(count=len(found), colorings=[task.format(c) for c in found])
+        return payload, "\n".join([*payload["colorings"], f"count: {len(found)}"]), True
+    payload["coloring"] = list(found[0])
+    return payload, f"{k}-colouring: {task.format(found[0])}", True
+
+
+_EXACT = {"sudoku": _exact_sudoku, "nqueens": _exact_nqueens, "graph-coloring": _exact_graph}
+
+
+def _solve_exact(task: Task, puzzle: Any, all_: bool, limit: int | None) -> tuple[dict, str, bool]:
+    solver = _EXACT.get(task.name)
+    if solver is None:
+        raise UsageError(f"task {task.name!r} has no exact solver (it is solved with --model)")
+    return solver(task, puzzle, all_, limit)
+
+
+def _solve_with_model(task: Task, puzzle: Any, model: str, all_: bool) -> tuple[dict, str, bool]:
+    # The learned-model path plugs in here: load RUN, encode the puzzle, run the reasoner, decode and verify.
+    raise UsageError(
+        "--model: solving with a learned model is not available in this version yet; use --exact"
+    )
+
+
+@app.command("solve", context_settings=_EXTRA)
+def solve(
+    ctx: typer.Context,
+    task: str = typer.Argument(..., help="Task name (options as TASK:key=value or --key value)."),
+    puzzle: str = typer.Argument(..., help="The puzzle in the task's text form."),
+    exact: bool = typer.Option(False, "--exact", help="Use the classical exact solver."),
+    model: str | None = typer.Option(None, "--model", help="Use a trained model (run folder or checkpoint)."),
+    all_: bool = typer.Option(False, "--all", help="List every solution (up to --limit)."),
+    limit: int | None = typer.Option(None, "--limit", help="Most solutions to list with --all."),
+    n: str | None = typer.Option(None, "--n", help="Task option n."),
+    colors: str | None = typer.Option(None, "--colors", help="Task option colors (graph colouring)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+) -> None:
+    """Solve a puzzle with the exact solver (--exact) or a trained model (--model); exit 1 when unsolved."""
+    if exact == (model is not None):
+        raise UsageError("choose one solver: --exact (the classical exact solver) or --model RUN")
+    if limit is not None and limit < 1:
+        raise UsageError(f"--limit must be at least 1, got {limit}")
+    the_task, _ = _task(task, ctx, n=n, colors=colors)
+    the_puzzle = the_task.parse(puzzle)
+    if exact:
+        payload, text, solved = _solve_exact(the_task, the_puzzle, all_, limit)
+    else:
+        payload, text, solved = _solve_with_model(the_task, the_puzzle, model or "", all_)
+    _emit(as_json, payload, text)
+    if not solved:
+        raise typer.Exit(1)
