@@ -161,7 +161,7 @@ class RecurrentDepthOutput:
 class StepContext:
     """Per-call positions, mask and cache shared by the prelude, each core iteration and the coda."""
 
-    rope: tuple[torch.Tensor, torch.Tensor]
+    rope: torch.Tensor
     mask: torch.Tensor | None
     cache: RecurrentKVCache | None = None
     start: int = 0

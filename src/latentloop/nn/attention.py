@@ -18,7 +18,7 @@ class Attention(nn.Module):
     """Self-attention with one fused ``Wqkv`` projection and an output ``proj``.
 
     ``qk_bias`` ([2, 1, heads, head_dim]) is a learned offset added to queries and keys before the rotary
-    embedding. ``mask`` is boolean (True = may attend) and broadcasts to [B, heads, S_q, S_k]; without a mask,
+    embedding ``rope`` (complex rotations from :meth:`RotaryEmbedding.tables`). ``mask`` is boolean (True = may attend) and broadcasts to [B, heads, S_q, S_k]; without a mask,
     ``causal`` selects causal or bidirectional attention.
     """
 
@@ -35,19 +35,21 @@ class Attention(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+        rope: torch.Tensor | None = None,
         mask: torch.Tensor | None = None,
         causal: bool = True,
         kv_hook: KVHook | None = None,
     ) -> torch.Tensor:
         batch, length, dim = x.shape
-        q, k, v = self.Wqkv(x).view(batch, length, 3, self.n_heads, self.head_dim).unbind(2)
+        qkv = self.Wqkv(x).view(batch, length, 3, self.n_heads, self.head_dim)
+        # Queries and keys are biased and rotated together: [B, S, 2, heads, head_dim].
+        qk = qkv[:, :, :2]
         if self.qk_bias is not None:
-            q = q + self.qk_bias[0]
-            k = k + self.qk_bias[1]
+            qk = qk + self.qk_bias.view(2, self.n_heads, self.head_dim)
         if rope is not None:
-            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+            qk = apply_rope(qk, rope.unsqueeze(2))
+        q, k = qk.transpose(1, 3).unbind(2)
+        v = qkv[:, :, 2].transpose(1, 2)
         if kv_hook is not None:
             k, v = kv_hook(k, v)
         if mask is not None:

@@ -46,7 +46,7 @@ class SandwichBlock(_Block):
     def forward(
         self,
         x: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+        rope: torch.Tensor | None = None,
         mask: torch.Tensor | None = None,
         causal: bool = True,
         kv_hook: KVHook | None = None,
@@ -74,7 +74,7 @@ class PreNormBlock(_Block):
     def forward(
         self,
         x: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+        rope: torch.Tensor | None = None,
         mask: torch.Tensor | None = None,
         causal: bool = True,
         kv_hook: KVHook | None = None,
@@ -102,7 +102,7 @@ class PostNormBlock(_Block):
     def forward(
         self,
         x: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+        rope: torch.Tensor | None = None,
         mask: torch.Tensor | None = None,
         causal: bool = True,
         kv_hook: KVHook | None = None,

@@ -1,4 +1,8 @@
-"""Rotary position embedding over *adjacent* pairs of dimensions (the complex-number convention)."""
+"""Rotary position embedding over *adjacent* pairs of dimensions (the complex-number convention).
+
+Each pair ``(x[2i], x[2i+1])`` is read as the complex number ``x[2i] + j x[2i+1]`` and multiplied by
+``exp(j * position * base ** (-2i / head_dim))``; the rotation runs in fp32.
+"""
 
 from __future__ import annotations
 
@@ -20,7 +24,7 @@ def huginn_freqs_cis(head_dim: int, max_positions: int, base: float) -> torch.Te
 
 
 class RotaryEmbedding(nn.Module):
-    """Holds cos/sin tables and rotates queries and keys at given positions."""
+    """Holds the unit complex rotations ``[max_positions, head_dim // 2]`` and looks them up by position."""
 
     def __init__(self, head_dim: int, max_positions: int, base: float = 10_000.0) -> None:
         super().__init__()
@@ -28,22 +32,19 @@ class RotaryEmbedding(nn.Module):
         self.base = base
         self.max_positions = max_positions
         angles = rope_frequencies(head_dim, max_positions, base)
-        self.register_buffer("cos", angles.cos(), persistent=False)
-        self.register_buffer("sin", angles.sin(), persistent=False)
+        self.register_buffer("rotations", torch.polar(torch.ones_like(angles), angles), persistent=False)
 
-    def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin for ``positions`` ([S] or [B, S]), shaped to broadcast over [B, S, heads, head_dim/2]."""
+    def tables(self, positions: torch.Tensor) -> torch.Tensor:
+        """Rotations for ``positions`` ([S] or [B, S]) shaped ``[1 or B, S, 1, head_dim // 2]``, which broadcast
+        over ``[B, S, heads, head_dim // 2]``."""
         if int(positions.max()) >= self.max_positions:
             raise ValueError(f"position {int(positions.max())} exceeds block_size {self.max_positions}")
-        cos, sin = self.cos[positions], self.sin[positions]
-        if positions.dim() == 1:
-            return cos[None, :, None, :], sin[None, :, None, :]
-        return cos[:, :, None, :], sin[:, :, None, :]
+        rotations = self.rotations[positions]
+        return rotations[None, :, None] if positions.dim() == 1 else rotations[:, :, None]
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate adjacent pairs ``(x[2i], x[2i+1])`` of ``x`` [B, S, heads, head_dim] by the given angles (in fp32)."""
-    pairs = x.float().unflatten(-1, (-1, 2))
-    real, imag = pairs[..., 0], pairs[..., 1]
-    rotated = torch.stack((real * cos - imag * sin, imag * cos + real * sin), dim=-1)
-    return rotated.flatten(-2).type_as(x)
+def apply_rope(x: torch.Tensor, rotations: torch.Tensor) -> torch.Tensor:
+    """Rotate adjacent pairs of ``x`` ([B, S, ..., head_dim]) by complex ``rotations`` that broadcast over
+    ``[B, S, ..., head_dim // 2]``; computed in fp32 and cast back to ``x``'s dtype."""
+    pairs = torch.view_as_complex(x.float().unflatten(-1, (-1, 2)))
+    return torch.view_as_real(pairs * rotations).flatten(-2).type_as(x)
