@@ -1,3 +1,198 @@
-"""latentloop CLI: train commands."""
+"""latentloop CLI: ``train`` and ``eval``. Parses arguments and calls the library; nothing else."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import typer
 
 from latentloop.cli.app import app, data_app  # noqa: F401
+from latentloop.errors import UsageError
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """How the command line trains and evaluates one model family."""
+
+    train: Callable[..., dict[str, Any]]
+    evaluate: Callable[..., dict[str, Any]]
+    checkpoint_types: tuple[str, ...]  # ``model_type`` values of its checkpoints' config.json
+
+
+def _train_recurrent_depth(
+    config_data: dict[str, Any],
+    overrides: list[str],
+    task: str | None,
+    out: str | None,
+    steps: int | None,
+    budget_minutes: float | None,
+    progress: bool,
+    log: Callable[[str], None] | None,
+) -> dict[str, Any]:
+    from latentloop.train.trainer import build_run_config, train
+
+    extra = list(overrides)
+    if steps is not None:
+        extra.append(f"train.steps={steps}")
+    if budget_minutes is not None:
+        extra.append(f"train.budget_minutes={budget_minutes}")
+    config = build_run_config(config_data, extra, task=task, arch="recurrent-depth")
+    out_dir = Path(out) if out else Path("runs") / f"{config.task.name}-{config.arch}"
+    result = train(config, out_dir, progress=progress, log=log)
+    return {
+        "out": str(result.out_dir),
+        "step": result.step,
+        "stopped": result.stopped,
+        "resumed_from": result.resumed_from,
+        "checkpoint": str(result.checkpoint) if result.checkpoint else None,
+        "tokens_seen": result.tokens_seen,
+        "precision": result.precision,
+        "elapsed_s": round(result.elapsed_s, 2),
+        "final_loss": result.losses[-1] if result.losses else None,
+        "last_eval": result.last_eval,
+    }
+
+
+def _evaluate_recurrent_depth(run: str, depths: list[int], **options: Any) -> dict[str, Any]:
+    from latentloop.eval.lm import evaluate_lm
+
+    return evaluate_lm(run, depths, **options)
+
+
+# Model families by --model name; puzzle reasoners register here too.
+MODELS: dict[str, ModelEntry] = {
+    "recurrent-depth": ModelEntry(_train_recurrent_depth, _evaluate_recurrent_depth, ("huginn_raven",)),
+}
+
+
+def _model_entry(name: str) -> ModelEntry:
+    if name not in MODELS:
+        raise UsageError(f"unknown model {name!r} (known: {', '.join(sorted(MODELS))})")
+    return MODELS[name]
+
+
+def _split_arguments(args: list[str], config: str | None) -> tuple[str | None, list[str]]:
+    """Positional arguments are ``key=value`` overrides, except one YAML file (``latentloop train CONFIG``)."""
+    overrides = []
+    for arg in args:
+        if "=" in arg:
+            overrides.append(arg)
+        elif arg.endswith((".yaml", ".yml")) and config is None:
+            config = arg
+        else:
+            raise UsageError(f"argument {arg!r} is neither key=value nor a .yaml config file")
+    return config, overrides
+
+
+@app.command()
+def train(
+    args: list[str] = typer.Argument(None, help="key=value overrides (e.g. model.n_embd=128 train.lr=1e-3)."),
+    config: str = typer.Option(None, "--config", "-c", help="YAML run config (model, train, task sections)."),
+    task: str = typer.Option(
+        None, "--task", help="Task name, with options: arithmetic or arithmetic:digits=4."
+    ),
+    model: str = typer.Option(
+        None, "--model", help="Model family (default: the config's arch or recurrent-depth)."
+    ),
+    steps: int = typer.Option(None, "--steps", help="Optimizer steps in all (overrides train.steps)."),
+    budget_minutes: float = typer.Option(None, "--budget-minutes", help="Stop after this much wall time."),
+    out: str = typer.Option(None, "--out", "-o", help="Run folder (default runs/<task>-<model>)."),
+    json_output: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar or log lines."),
+) -> None:
+    """Train a model; resumes automatically from the run folder's newest checkpoint."""
+    from latentloop.config import load_yaml
+    from latentloop.train.trainer import TrainingError
+
+    config, overrides = _split_arguments(list(args or []), config)
+    data = load_yaml(config) if config else {}
+    arch = model or str(data.get("arch") or "recurrent-depth")
+    entry = _model_entry(arch)
+    interactive = sys.stderr.isatty()
+
+    def log(line: str) -> None:
+        typer.echo(line, err=True)
+
+    try:
+        result = entry.train(
+            data,
+            overrides,
+            task,
+            out,
+            steps,
+            budget_minutes,
+            progress=interactive and not quiet,
+            log=None if quiet or interactive else log,
+        )
+    except TrainingError as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(1) from None
+    if json_output:
+        typer.echo(json.dumps(result))
+        return
+    typer.echo(f"trained {result['out']} to step {result['step']} (stopped by {result['stopped']})")
+    if result["final_loss"] is not None:
+        typer.echo(
+            f"final loss {result['final_loss']:.4f}, {result['tokens_seen']} tokens, {result['precision']}"
+        )
+    if result["last_eval"]:
+        ev = result["last_eval"]
+        metric = "exact_match" if "exact_match" in ev else "perplexity"
+        typer.echo(f"held-out {metric} at depth {ev['num_steps']}: {ev[metric]:.4f}")
+    typer.echo(f"checkpoint: {result['checkpoint']}")
+
+
+def _parse_depths(text: str) -> list[int]:
+    try:
+        depths = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise UsageError(f"--num-steps must be comma-separated integers, got {text!r}") from None
+    if not depths or min(depths) < 1:
+        raise UsageError(f"--num-steps must list positive integers, got {text!r}")
+    return depths
+
+
+def _checkpoint_type(run: str) -> str:
+    from latentloop.train.checkpoint import resolve_checkpoint
+
+    checkpoint = resolve_checkpoint(run)
+    try:
+        return str(json.loads((checkpoint / "config.json").read_text()).get("model_type", ""))
+    except (OSError, json.JSONDecodeError, AttributeError):
+        raise UsageError(f"{checkpoint}/config.json is not a readable JSON object") from None
+
+
+@app.command("eval")
+def eval_command(
+    run: str = typer.Argument(..., help="Run folder (its newest checkpoint) or checkpoint folder."),
+    num_steps: str = typer.Option("1,2,4,8,16,32", "--num-steps", help="Comma-separated test-time depths."),
+    task: str = typer.Option(None, "--task", help="Task spec, needed only for a checkpoint outside a run."),
+    batch_size: int = typer.Option(256, "--batch-size", help="Held-out problems per forward pass."),
+    limit: int = typer.Option(None, "--limit", help="Evaluate only the first N held-out problems/windows."),
+    init_scale: float = typer.Option(
+        0.0, "--init-scale", help="Initial latent state scale (0 = deterministic)."
+    ),
+    json_output: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+) -> None:
+    """Held-out accuracy (or perplexity) at each test-time depth; writes eval.json, eval.md, eval_depth.png."""
+    depths = _parse_depths(num_steps)
+    if limit is not None and limit < 1:
+        raise UsageError(f"--limit must be positive, got {limit}")
+    kind = _checkpoint_type(run)
+    entry = next((e for e in MODELS.values() if kind in e.checkpoint_types), None)
+    if entry is None:
+        raise UsageError(f"{run}: no evaluator for checkpoints of model_type {kind!r}")
+    report = entry.evaluate(run, depths, batch_size=batch_size, limit=limit, init_scale=init_scale, task=task)
+    if json_output:
+        typer.echo(json.dumps(report))
+        return
+    from latentloop.eval.lm import markdown_table
+
+    typer.echo(markdown_table(report).rstrip())
+    for path in report.get("written", []):
+        typer.echo(f"wrote {path}")

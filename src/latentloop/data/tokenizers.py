@@ -1,0 +1,121 @@
+"""Tokenizers: a byte-level default that needs no files, and Hugging Face ``tokenizer.json`` files.
+
+Byte-level ids (:class:`ByteTokenizer`):
+
+======  ==================================
+0-255   the UTF-8 bytes themselves
+256     ``<pad>`` (``pad_id``)
+257     ``<bos>`` (``bos_id``)
+258     ``<eos>`` (``eos_id``)
+======  ==================================
+
+so ``vocab_size`` is 259 and any text round-trips exactly. Models may have a larger (padded) vocabulary; the
+extra rows are simply never used.
+"""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from pathlib import Path
+
+from latentloop.errors import UsageError
+
+
+class Tokenizer(ABC):
+    """Text <-> token ids. ``eos_id`` ends a document or an answer, ``pad_id`` fills fixed-length batches."""
+
+    name: str = ""
+    vocab_size: int
+    eos_id: int
+    pad_id: int
+    bos_id: int | None = None
+
+    @abstractmethod
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text`` (no special tokens added)."""
+
+    @abstractmethod
+    def decode(self, ids: list[int]) -> str:
+        """Text of ``ids``; special tokens are dropped."""
+
+
+class ByteTokenizer(Tokenizer):
+    """UTF-8 bytes as ids 0-255, then ``<pad>`` 256, ``<bos>`` 257, ``<eos>`` 258 (see the module docstring)."""
+
+    name = "byte"
+    PAD, BOS, EOS = 256, 257, 258
+
+    def __init__(self) -> None:
+        self.vocab_size = 259
+        self.pad_id, self.bos_id, self.eos_id = self.PAD, self.BOS, self.EOS
+
+    def encode(self, text: str) -> list[int]:
+        """The UTF-8 bytes of ``text``."""
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids: list[int]) -> str:
+        """Bytes back to text (invalid UTF-8 sequences become U+FFFD); ids >= 256 are dropped."""
+        return bytes(int(i) for i in ids if 0 <= int(i) < 256).decode("utf-8", errors="replace")
+
+
+# Common spellings of special tokens in published tokenizer.json files, most specific first.
+_EOS_NAMES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|eos|>", "[SEP]", "<|im_end|>")
+_PAD_NAMES = ("<pad>", "<|pad|>", "[PAD]", "<|padding|>")
+_BOS_NAMES = ("<|begin_of_text|>", "<s>", "<bos>", "<|bos|>", "[CLS]")
+
+
+class HFTokenizer(Tokenizer):
+    """A Hugging Face ``tokenizer.json`` loaded with the ``tokenizers`` package.
+
+    ``eos_id`` is ``eos_token`` when given, else the first of the usual end-of-text tokens the vocabulary has
+    (``<|endoftext|>``, ``</s>``, ...); ``pad_id`` is a pad token if there is one, else ``eos_id``.
+    """
+
+    def __init__(self, path: str | Path, eos_token: str | None = None) -> None:
+        from tokenizers import Tokenizer as _HF
+
+        path = Path(path)
+        if path.is_dir():
+            path = path / "tokenizer.json"
+        if not path.is_file():
+            raise UsageError(f"tokenizer file {path} does not exist")
+        try:
+            json.loads(path.read_text(encoding="utf-8"))
+            self._tok = _HF.from_file(str(path))
+        except Exception as error:  # json, OS and the tokenizers parser (which raises plain Exception)
+            message = str(error).splitlines()[0] if str(error) else type(error).__name__
+            raise UsageError(f"tokenizer file {path} is not a valid tokenizer.json: {message}") from None
+        self.name = str(path)
+        self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+        eos = self._find((eos_token,) if eos_token else _EOS_NAMES)
+        if eos is None:
+            wanted = eos_token or ", ".join(_EOS_NAMES)
+            raise UsageError(f"tokenizer {path} has no end-of-text token (looked for {wanted})")
+        self.eos_id = eos
+        pad = self._find(_PAD_NAMES)
+        self.pad_id = eos if pad is None else pad
+        self.bos_id = self._find(_BOS_NAMES)
+
+    def _find(self, names: tuple[str, ...]) -> int | None:
+        for name in names:
+            token_id = self._tok.token_to_id(name)
+            if token_id is not None:
+                return int(token_id)
+        return None
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text`` without the tokenizer's post-processing specials."""
+        return list(self._tok.encode(text, add_special_tokens=False).ids)
+
+    def decode(self, ids: list[int]) -> str:
+        """Text of ``ids`` with special tokens skipped."""
+        return self._tok.decode([int(i) for i in ids], skip_special_tokens=True)
+
+
+def load_tokenizer(spec: str | Path | None = None, eos_token: str | None = None) -> Tokenizer:
+    """``None``, ``""`` or ``"byte"`` -> :class:`ByteTokenizer`; anything else is a ``tokenizer.json`` path (or a
+    folder holding one)."""
+    if spec is None or str(spec) in ("", "byte", "bytes"):
+        return ByteTokenizer()
+    return HFTokenizer(spec, eos_token=eos_token)

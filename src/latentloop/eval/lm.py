@@ -1,0 +1,200 @@
+"""Held-out evaluation of a recurrent-depth LM at several test-time depths.
+
+- Arithmetic (``exact_match``): a problem counts as solved when greedy decoding reproduces its answer and the
+  task's verifier accepts it. Under teacher forcing the argmax at every answer position equals the target
+  exactly when greedy decoding would emit the target token by token (each step then sees the same prefix), so
+  one batched forward pass per depth decides all problems.
+- Text (``perplexity``): ``exp`` of the mean next-token negative log-likelihood over the held-out tail.
+
+Every forward starts from a zero latent state (``init_scale=0``), so results are deterministic and repeatable;
+pass another ``init_scale`` to evaluate from the random initial state used in training (then the torch RNG,
+seeded with 0 at the start, decides the draw).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from latentloop.errors import UsageError
+from latentloop.io import atomic_path, atomic_write_text
+from latentloop.models.recurrent_depth import RecurrentDepthLM
+from latentloop.train.checkpoint import read_trainer_state, resolve_checkpoint, run_folder_of
+
+DEFAULT_DEPTHS = (1, 2, 4, 8, 16, 32)
+
+
+@torch.no_grad()
+def heldout_metric(
+    model: RecurrentDepthLM,
+    task: Any,
+    num_steps: int,
+    batch_size: int = 256,
+    limit: int | None = None,
+    init_scale: float = 0.0,
+) -> dict[str, Any]:
+    """The task's held-out metric at depth ``num_steps``: ``{"exact_match", "n"}`` or
+    ``{"perplexity", "loss", "tokens"}``. ``limit`` caps the number of problems (or windows)."""
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    try:
+        if task.metric == "exact_match":
+            correct = total = 0
+            for inputs, labels, problems in task.heldout_batches(batch_size, limit):
+                logits = model(inputs.to(device), num_steps=num_steps, init_scale=init_scale).logits
+                predicted = logits.argmax(-1).cpu()
+                answer = labels != -100
+                tokens_ok = ((predicted == labels) | ~answer).all(-1)
+                for row, ok in enumerate(tokens_ok.tolist()):
+                    # The verifier has the last word (token equality of the canonical form implies it here).
+                    if ok and task.verify(problems[row], task.decode(predicted[row][answer[row]].tolist())):
+                        correct += 1
+                total += len(problems)
+            if total == 0:
+                raise UsageError("the task's held-out split is empty")
+            return {"exact_match": correct / total, "n": total}
+        nll, count = 0.0, 0
+        for inputs, labels, _ in task.heldout_batches(batch_size, limit):
+            logits = model(inputs.to(device), num_steps=num_steps, init_scale=init_scale).logits
+            labels = labels.to(device)
+            nll += float(
+                torch.nn.functional.cross_entropy(
+                    logits.flatten(0, 1), labels.flatten(), ignore_index=-100, reduction="sum"
+                )
+            )
+            count += int((labels != -100).sum())
+        if count == 0:
+            raise UsageError("the task's held-out split is empty")
+        return {"perplexity": math.exp(min(nll / count, 700.0)), "loss": nll / count, "tokens": count}
+    finally:
+        model.train(was_training)
+
+
+def _task_for(checkpoint: Path, task_spec: str | None) -> tuple[Any, dict[str, Any]]:
+    from latentloop.tasks.base import get_task, parse_task_spec
+    from latentloop.train.trainer import load_run_config
+
+    if task_spec:
+        name, options = parse_task_spec(task_spec)
+        return get_task(name, **options), {"name": name, **options}
+    run = run_folder_of(checkpoint)
+    if run is None:
+        raise UsageError(f"{checkpoint} is not inside a run folder; say which task to evaluate with --task")
+    config = load_run_config(run / "config.yaml")
+    return get_task(config.task.name, **config.task.options), {
+        "name": config.task.name,
+        **config.task.options,
+    }
+
+
+def evaluate_lm(
+    run_or_checkpoint: str | Path,
+    depths: Sequence[int] = DEFAULT_DEPTHS,
+    batch_size: int = 256,
+    limit: int | None = None,
+    init_scale: float = 0.0,
+    task: str | None = None,
+    write: bool = True,
+    device: str = "cpu",
+) -> dict[str, Any]:
+    """Evaluate a run folder (its newest checkpoint) or a checkpoint folder at each depth in ``depths``.
+
+    Returns ``{"checkpoint", "step", "task", "metric", "init_scale", "results": [{"num_steps", <metric>, ...}]}``
+    and, when ``write``, saves ``eval.json``, ``eval.md`` and ``eval_depth.png`` into the run folder (or the
+    checkpoint folder when it is not part of a run). ``task`` (e.g. ``"arithmetic:digits=3"``) is needed only
+    for a checkpoint outside a run folder.
+    """
+    depths = [int(d) for d in depths]
+    if not depths or min(depths) < 1:
+        raise UsageError(f"depths must be positive integers, got {depths}")
+    if batch_size < 1:
+        raise UsageError(f"batch size must be positive, got {batch_size}")
+    checkpoint = resolve_checkpoint(run_or_checkpoint)
+    the_task, task_info = _task_for(checkpoint, task)
+    model = RecurrentDepthLM.from_pretrained(checkpoint, device=device)
+    if model.config.vocab_size < the_task.vocab_size:
+        raise UsageError(
+            f"{checkpoint}: vocabulary {model.config.vocab_size} is smaller than the task's {the_task.vocab_size}"
+        )
+    step = None
+    if (checkpoint / "trainer_state.json").is_file():
+        step = read_trainer_state(checkpoint)["step"]
+    if init_scale:
+        torch.manual_seed(0)
+    results = []
+    for depth in depths:
+        results.append(
+            {"num_steps": depth, **heldout_metric(model, the_task, depth, batch_size, limit, init_scale)}
+        )
+    report = {
+        "checkpoint": str(checkpoint),
+        "step": step,
+        "task": task_info,
+        "metric": the_task.metric,
+        "init_scale": init_scale,
+        "results": results,
+    }
+    if write:
+        folder = run_folder_of(checkpoint) or checkpoint
+        write_reports(report, folder)
+        report["written"] = [str(folder / n) for n in ("eval.json", "eval.md", "eval_depth.png")]
+    return report
+
+
+def markdown_table(report: dict[str, Any]) -> str:
+    """The results as a Markdown table, one row per depth."""
+    metric = report["metric"]
+    lines = [
+        f"# Evaluation of `{report['checkpoint']}`",
+        "",
+        f"Task `{report['task'].get('name')}`, step {report['step']}, initial state scale {report['init_scale']}.",
+        "",
+    ]
+    if metric == "exact_match":
+        lines += ["| depth (num_steps) | exact match | problems |", "|---:|---:|---:|"]
+        lines += [f"| {r['num_steps']} | {r['exact_match']:.2%} | {r['n']} |" for r in report["results"]]
+    else:
+        lines += ["| depth (num_steps) | perplexity | loss (nats/token) | tokens |", "|---:|---:|---:|---:|"]
+        lines += [
+            f"| {r['num_steps']} | {r['perplexity']:.3f} | {r['loss']:.4f} | {r['tokens']} |"
+            for r in report["results"]
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def plot_depth(report: dict[str, Any], path: Path) -> None:
+    """``metric`` against depth (log2 axis) as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    metric = report["metric"]
+    xs = [r["num_steps"] for r in report["results"]]
+    ys = [r[metric] * (100 if metric == "exact_match" else 1) for r in report["results"]]
+    fig, ax = plt.subplots(figsize=(5, 3.5), dpi=120)
+    ax.plot(xs, ys, marker="o")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(xs, [str(x) for x in xs])
+    ax.set_xlabel("recurrence depth at test time (num_steps)")
+    ax.set_ylabel("exact match (%)" if metric == "exact_match" else "perplexity")
+    ax.set_title(f"{report['task'].get('name')}: held-out {metric.replace('_', ' ')} vs depth")
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    with atomic_path(path) as temp:
+        fig.savefig(temp, format="png")
+    plt.close(fig)
+
+
+def write_reports(report: dict[str, Any], folder: str | Path) -> None:
+    """``eval.json``, ``eval.md`` and ``eval_depth.png`` in ``folder``."""
+    folder = Path(folder)
+    atomic_write_text(folder / "eval.json", json.dumps(report, indent=2) + "\n")
+    atomic_write_text(folder / "eval.md", markdown_table(report))
+    plot_depth(report, folder / "eval_depth.png")

@@ -1,0 +1,648 @@
+"""Training loop for recurrent-depth language models.
+
+One optimizer step: the batch of the step (a pure function of ``(seed, step)``), the recurrence depth of the
+step (a pure function of ``(seed, step)``, see :mod:`latentloop.train.recurrence`), the learning rate of the
+step (warmup + cosine, a pure function of the step), forward with truncated backpropagation, gradient clipping,
+AdamW. Because nothing but the weights, the optimizer moments and the torch RNG (which draws the random initial
+state) carries over between steps, a run resumed from a checkpoint reproduces the uninterrupted run's losses
+exactly on the same machine.
+
+Configs are data: :class:`RunConfig` has sections ``model`` (:class:`RecurrentDepthConfig`), ``train``
+(:class:`TrainConfig`) and ``task`` (a name plus the task's options), loads from YAML and takes ``key=value``
+overrides such as ``model.n_embd=128 train.lr=1e-3 task.digits=3``.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import json
+import math
+import random
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import yaml
+
+from latentloop.config import apply_overrides, from_dict, load_yaml, save_yaml, to_dict
+from latentloop.errors import UsageError
+from latentloop.models.recurrent_depth import RecurrentDepthConfig, RecurrentDepthLM
+from latentloop.tasks.base import get_task, task_class
+from latentloop.train.checkpoint import (
+    latest_checkpoint,
+    load_training_state,
+    restore_rng_state,
+    save_checkpoint,
+)
+from latentloop.train.optim import build_optimizer, lr_at, set_lr
+from latentloop.train.recurrence import SCHEMES, sampler_for
+
+PRECISIONS = ("auto", "fp32", "bf16")
+ARCHS = ("recurrent-depth",)
+
+
+class TrainingError(RuntimeError):
+    """Training cannot continue (e.g. the loss became NaN); the message names the step."""
+
+
+@dataclass
+class TrainConfig:
+    """Optimisation and bookkeeping settings of a run."""
+
+    lr: float = 1e-3
+    min_lr_ratio: float = 0.1
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+    warmup_steps: int = 100
+    grad_clip: float = 1.0
+    batch_size: int = 64
+    steps: int = 1000
+    budget_minutes: float | None = None
+    seed: int = 0
+    precision: str = "auto"
+    device: str = "auto"
+    init_scale: float = 1.0
+    log_every: int = 10
+    eval_every: int = 250
+    eval_size: int = 256
+    eval_batch_size: int = 256
+    checkpoint_every: int = 500
+    keep_checkpoints: int = 2
+    tensorboard: bool = True
+
+    def __post_init__(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise UsageError(
+                f"train.precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}"
+            )
+        if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise UsageError(f"train.device must be auto, cpu or cuda[:N], got {self.device!r}")
+        for name in ("batch_size", "log_every", "eval_batch_size"):
+            if getattr(self, name) < 1:
+                raise UsageError(f"train.{name} must be at least 1, got {getattr(self, name)}")
+        for name in ("steps", "warmup_steps", "eval_every", "eval_size", "checkpoint_every"):
+            if getattr(self, name) < 0:
+                raise UsageError(f"train.{name} must not be negative, got {getattr(self, name)}")
+        if not self.lr > 0:
+            raise UsageError(f"train.lr must be positive, got {self.lr}")
+        if self.budget_minutes is not None and not self.budget_minutes > 0:
+            raise UsageError(f"train.budget_minutes must be positive, got {self.budget_minutes}")
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise UsageError(f"train.betas must be two numbers in [0, 1), got {self.betas}")
+        if self.grad_clip < 0 or self.weight_decay < 0:
+            raise UsageError("train.grad_clip and train.weight_decay must not be negative")
+
+
+@dataclass
+class TaskConfig:
+    """A task name and its options (in YAML written flat: ``task: {name: arithmetic, digits: 3}``)."""
+
+    name: str = "arithmetic"
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RunConfig:
+    """Everything a run needs: the architecture name and the ``model``, ``train`` and ``task`` sections."""
+
+    arch: str = "recurrent-depth"
+    model: RecurrentDepthConfig = field(default_factory=RecurrentDepthConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+
+
+# Config assembly ---------------------------------------------------------------------------------------------
+def _check_task(task: TaskConfig) -> None:
+    """Unknown task names and options fail here, before any work starts."""
+    cls = task_class(task.name)
+    try:
+        inspect.signature(cls.__init__).bind(None, **task.options)
+    except TypeError as error:
+        known = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
+        raise UsageError(f"task {task.name!r}: {error} (options: {', '.join(known)})") from None
+
+
+def _parse_value(text: str) -> Any:
+    """A command-line task option: YAML scalars become numbers/booleans, lists need brackets (so ``ops=-``
+    stays the string ``"-"`` rather than YAML's one-item list)."""
+    try:
+        value = yaml.safe_load(text) if text.strip() else text
+    except yaml.YAMLError:
+        return text
+    if isinstance(value, (list, dict)) and not text.strip().startswith(("[", "{")):
+        return text
+    return text if value is None else value
+
+
+def build_run_config(
+    data: Mapping[str, Any] | None = None,
+    overrides: Sequence[str] = (),
+    task: str | None = None,
+    arch: str | None = None,
+) -> RunConfig:
+    """A :class:`RunConfig` from a YAML-style mapping, then ``task`` (a spec such as ``"arithmetic:digits=4"``)
+    and ``arch``, then ``key=value`` overrides. A task given by name drops the options of a different task."""
+    from latentloop.tasks.base import parse_task_spec
+
+    data = copy.deepcopy(dict(data or {}))
+    section = data.pop("task", None) or {}
+    if isinstance(section, str):
+        task_name, options = parse_task_spec(section)
+    elif isinstance(section, dict):
+        section = dict(section)
+        task_name = str(section.pop("name", "arithmetic"))
+        options = dict(section.pop("options", None) or {})
+        options.update(section)
+    else:
+        raise UsageError(f"config: task must be a name or a mapping, got {section!r}")
+    if task:
+        name, spec_options = parse_task_spec(task)
+        if name != task_name:
+            options = {}
+        task_name = name
+        options.update({k: _parse_value(v) for k, v in spec_options.items()})
+    if arch:
+        data["arch"] = arch
+    rest: list[str] = []
+    for item in overrides:
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise UsageError(f"override {item!r} is not of the form key=value")
+        key = key.strip()
+        if key == "task.name":
+            if value.strip() != task_name:
+                options = {}
+            task_name = value.strip()
+        elif key.startswith("task."):
+            options[key[len("task.") :].replace("-", "_")] = _parse_value(value)
+        else:
+            rest.append(item)
+    data["task"] = {"name": task_name, "options": options}
+    config = from_dict(RunConfig, data)
+    if rest:
+        config = apply_overrides(config, rest)
+    if config.arch not in ARCHS:
+        raise UsageError(f"unknown model {config.arch!r} (known: {', '.join(ARCHS)})")
+    if config.model.sampling_scheme not in SCHEMES:
+        raise UsageError(
+            f"model.sampling_scheme must be one of {', '.join(SCHEMES)}, got {config.model.sampling_scheme!r}"
+        )
+    _check_task(config.task)
+    return config
+
+
+def run_config_to_dict(config: RunConfig) -> dict[str, Any]:
+    """The YAML form of a run config (task options written flat beside ``name``)."""
+    data = to_dict(config)
+    data["task"] = {"name": config.task.name, **config.task.options}
+    data["train"]["betas"] = list(config.train.betas)
+    return data
+
+
+def load_run_config(path: str | Path, overrides: Sequence[str] = ()) -> RunConfig:
+    """Read a run config YAML file (e.g. ``OUT/config.yaml``) and apply ``overrides``."""
+    return build_run_config(load_yaml(path), overrides)
+
+
+def save_run_config(config: RunConfig, path: str | Path) -> None:
+    """Write ``config`` as YAML, atomically."""
+    save_yaml(run_config_to_dict(config), path)
+
+
+# Precision ---------------------------------------------------------------------------------------------------
+def _time_matmul(x: torch.Tensor, w: torch.Tensor, bf16: bool, repeats: int) -> float:
+    device = x.device.type
+    best = math.inf
+    with torch.no_grad(), torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
+        for i in range(repeats + 1):
+            if device == "cuda":
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            _ = x @ w
+            if device == "cuda":
+                torch.cuda.synchronize()
+            if i:  # the first call warms up kernels and caches
+                best = min(best, time.perf_counter() - start)
+    return best
+
+
+def measure_matmul_speed(
+    rows: int, dim: int, hidden: int, device: str = "cpu", repeats: int = 5
+) -> dict[str, float]:
+    """Seconds for a ``[rows, dim] @ [dim, hidden]`` matmul in fp32 and under bf16 autocast (best of
+    ``repeats``); inputs come from a private generator so the global torch RNG is untouched."""
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(rows, dim, generator=generator).to(device)
+    w = torch.randn(dim, hidden, generator=generator).to(device)
+    return {
+        "fp32": _time_matmul(x, w, False, repeats),
+        "bf16": _time_matmul(x, w, True, repeats),
+    }
+
+
+def choose_precision(requested: str, model_config: RecurrentDepthConfig, tokens: int, device: str) -> str:
+    """``fp32`` or ``bf16``. ``auto`` measures a matmul the size of the model's MLP at this batch: bf16 is
+    picked only when it is clearly (>10%) faster, since CPUs without native bf16 units run it several times
+    slower than fp32."""
+    if requested != "auto":
+        return requested
+    if device.startswith("cuda"):
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
+    timing = measure_matmul_speed(
+        min(tokens, 4096), model_config.n_embd, 2 * model_config.intermediate_size, device
+    )
+    return "bf16" if timing["bf16"] < 0.9 * timing["fp32"] else "fp32"
+
+
+def resolve_device(requested: str) -> str:
+    """``auto`` -> ``cuda`` when available, else ``cpu``."""
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if requested.startswith("cuda") and not torch.cuda.is_available():
+        raise UsageError(f"train.device is {requested!r}, but no CUDA device is available")
+    return requested
+
+
+# Training ----------------------------------------------------------------------------------------------------
+@dataclass
+class TrainResult:
+    """What a call to :func:`train` did."""
+
+    out_dir: Path
+    step: int
+    losses: list[float]
+    checkpoint: Path | None
+    stopped: str
+    tokens_seen: int
+    precision: str
+    elapsed_s: float
+    resumed_from: int
+    last_eval: dict[str, Any] | None = None
+
+
+class _Metrics:
+    """Appends JSON lines to ``metrics.jsonl`` (and TensorBoard scalars when tensorboard is importable)."""
+
+    def __init__(self, out_dir: Path, resume_step: int, tensorboard: bool) -> None:
+        self.path = out_dir / "metrics.jsonl"
+        if self.path.exists():
+            # Records past the checkpoint we resume from belong to a run that died later: drop them.
+            kept = []
+            for line in self.path.read_text().splitlines():
+                try:
+                    if json.loads(line).get("step", 0) <= resume_step:
+                        kept.append(line)
+                except json.JSONDecodeError:
+                    continue
+            from latentloop.io import atomic_write_text
+
+            atomic_write_text(self.path, "".join(f"{line}\n" for line in kept))
+        self.stream = self.path.open("a")
+        self.writer = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self.writer = SummaryWriter(str(out_dir / "tensorboard"))
+            except ImportError:  # tensorboard is optional
+                self.writer = None
+
+    def write(self, record: dict[str, Any]) -> None:
+        self.stream.write(json.dumps(record) + "\n")
+        self.stream.flush()
+        if self.writer is not None:
+            prefix = "eval" if record.get("kind") == "eval" else "train"
+            for key, value in record.items():
+                if isinstance(value, (int, float)) and key != "step":
+                    self.writer.add_scalar(f"{prefix}/{key}", value, record["step"])
+
+    def close(self) -> None:
+        self.stream.close()
+        if self.writer is not None:
+            self.writer.close()
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def _check_fit(config: RunConfig, task: Any) -> None:
+    if config.model.vocab_size < task.vocab_size:
+        raise UsageError(
+            f"model.vocab_size {config.model.vocab_size} is smaller than the task's vocabulary "
+            f"({task.vocab_size}); set model.vocab_size={task.vocab_size} or more"
+        )
+    if config.model.block_size < task.seq_len:
+        raise UsageError(
+            f"model.block_size {config.model.block_size} is shorter than the task's sequences ({task.seq_len})"
+        )
+
+
+_ARCH_FIELDS = (
+    "n_embd",
+    "n_heads",
+    "n_layers_in_prelude",
+    "n_layers_in_recurrent_block",
+    "n_layers_in_coda",
+    "intermediate_size",
+    "vocab_size",
+    "block_size",
+    "tie_embeddings",
+    "qk_bias",
+    "bias",
+)
+
+
+def _load_model_from(checkpoint: Path, config: RecurrentDepthConfig) -> RecurrentDepthLM:
+    model = RecurrentDepthLM.from_pretrained(checkpoint)
+    for name in _ARCH_FIELDS:
+        if getattr(model.config, name) != getattr(config, name):
+            raise UsageError(
+                f"the run folder's checkpoint {checkpoint.name} has model.{name}={getattr(model.config, name)}, "
+                f"the config asks for {getattr(config, name)}; use a new --out folder to start afresh"
+            )
+    # Keep the training-time settings (depth sampling, checkpointing) of the current config.
+    model.config = copy.deepcopy(config)
+    return model
+
+
+def train(
+    config: RunConfig,
+    out_dir: str | Path,
+    progress: bool = False,
+    log: Callable[[str], None] | None = None,
+    stop_at: int | None = None,
+) -> TrainResult:
+    """Train (or resume) the run in ``out_dir`` until ``train.steps`` or ``train.budget_minutes``.
+
+    Resumes from the newest complete checkpoint of ``out_dir`` when there is one. ``progress`` shows a rich
+    progress bar; ``log`` receives one text line per logged step (for non-interactive output). ``stop_at``
+    ends this call after that many completed steps (as an interruption would), with a checkpoint, without
+    changing the schedule. Raises :class:`TrainingError` when the loss stops being finite.
+    """
+    started = time.perf_counter()
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} exists and is not a folder")
+    out.mkdir(parents=True, exist_ok=True)
+    tc = config.train
+    task = get_task(config.task.name, **config.task.options)
+    if not hasattr(task, "train_batch"):
+        raise UsageError(f"task {config.task.name!r} cannot train a language model")
+    _check_fit(config, task)
+    device = resolve_device(tc.device)
+
+    _seed_everything(tc.seed)
+    checkpoint = latest_checkpoint(out)
+    if checkpoint is not None:
+        model = _load_model_from(checkpoint, config.model).to(device)
+    else:
+        model = RecurrentDepthLM(config.model).to(device)
+    model.train()
+    optimizer = build_optimizer(model, tc.lr, tc.betas, tc.weight_decay, tc.eps)
+    tokens_per_step = tc.batch_size * task.seq_len
+    precision = choose_precision(tc.precision, config.model, tokens_per_step, device)
+    start_step, tokens_seen = 0, 0
+    if checkpoint is not None:
+        state, torch_rng = load_training_state(checkpoint, optimizer)
+        start_step, tokens_seen = state["step"], int(state.get("tokens_seen", 0))
+        restore_rng_state(state["rng"], torch_rng)
+        if log:
+            log(f"resuming from {checkpoint} (step {start_step})")
+    save_run_config(config, out / "config.yaml")
+
+    sampler = sampler_for(config.model, tc.seed)
+    metrics = _Metrics(out, start_step, tc.tensorboard)
+    end_step = tc.steps if stop_at is None else min(tc.steps, stop_at)
+    budget_s = tc.budget_minutes * 60 if tc.budget_minutes else math.inf
+    autocast_device = "cuda" if device.startswith("cuda") else "cpu"
+    losses: list[float] = []
+    window: dict[str, float] = {"loss": 0.0, "depth": 0.0, "grad": 0.0, "n": 0, "tokens": 0, "time": 0.0}
+    last_eval: dict[str, Any] | None = None
+    last_saved: Path | None = checkpoint
+    saved_step = start_step if checkpoint is not None else -1
+    stopped = "steps"
+    step = start_step
+    bar = _ProgressBar(enabled=progress, total=tc.steps, completed=start_step)
+
+    def trainer_state() -> dict[str, Any]:
+        return {"tokens_seen": tokens_seen, "precision": precision, "seed": tc.seed, "task": config.task.name}
+
+    interrupt = _InterruptFlag()
+    try:
+        with bar, interrupt:
+            while step < end_step:
+                if interrupt.raised:
+                    # Stop between steps, so the checkpoint holds a consistent state, then let the caller know.
+                    if step > saved_step:
+                        save_checkpoint(out, step, model, optimizer, trainer_state(), tc.keep_checkpoints)
+                    raise KeyboardInterrupt
+                if time.perf_counter() - started >= budget_s:
+                    stopped = "budget"
+                    break
+                tick = time.perf_counter()
+                lr = lr_at(step, tc.lr, tc.warmup_steps, tc.steps, tc.min_lr_ratio)
+                set_lr(optimizer, lr)
+                inputs, labels = task.train_batch(step, tc.batch_size, tc.seed)
+                inputs, labels = inputs.to(device), labels.to(device)
+                no_grad, with_grad = sampler(step)
+                with torch.autocast(autocast_device, dtype=torch.bfloat16, enabled=precision == "bf16"):
+                    output = model(
+                        inputs, num_steps=(no_grad, with_grad), init_scale=tc.init_scale, labels=labels
+                    )
+                loss = output.loss
+                loss_value = float(loss.detach())
+                if not math.isfinite(loss_value):
+                    raise TrainingError(
+                        f"loss became {loss_value} at step {step + 1} (lr {lr:.3g}, depth {no_grad + with_grad}); "
+                        f"last checkpoint: {last_saved or 'none'}; try a lower train.lr"
+                    )
+                loss.backward()
+                grad_norm = torch.nn.utils.clip_grad_norm_(
+                    model.parameters(), tc.grad_clip if tc.grad_clip > 0 else math.inf
+                )
+                if not torch.isfinite(grad_norm):
+                    raise TrainingError(
+                        f"gradient norm became {float(grad_norm)} at step {step + 1}; "
+                        f"last checkpoint: {last_saved or 'none'}; try a lower train.lr"
+                    )
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                step += 1
+                tokens_seen += inputs.numel()
+                losses.append(loss_value)
+                elapsed_step = time.perf_counter() - tick
+                for key, value in (
+                    ("loss", loss_value),
+                    ("depth", no_grad + with_grad),
+                    ("grad", float(grad_norm)),
+                    ("n", 1),
+                    ("tokens", inputs.numel()),
+                    ("time", elapsed_step),
+                ):
+                    window[key] += value
+                bar.update(step, loss_value, window["tokens"] / max(window["time"], 1e-9))
+
+                if step % tc.log_every == 0 or step == end_step:
+                    n = window["n"]
+                    record = {
+                        "kind": "train",
+                        "step": step,
+                        "loss": window["loss"] / n,
+                        "lr": lr,
+                        "depth": window["depth"] / n,
+                        "grad_norm": window["grad"] / n,
+                        "tokens_seen": tokens_seen,
+                        "tokens_per_s": window["tokens"] / max(window["time"], 1e-9),
+                        "elapsed_s": round(time.perf_counter() - started, 3),
+                    }
+                    metrics.write(record)
+                    if log:
+                        log(
+                            f"step {step:>6}  loss {record['loss']:.4f}  lr {lr:.2e}  depth {record['depth']:.1f}"
+                            f"  {record['tokens_per_s']:.0f} tok/s"
+                        )
+                    window = dict.fromkeys(window, 0.0)
+                if tc.eval_every and step % tc.eval_every == 0:
+                    last_eval = _quick_eval(model, task, config, step, precision, autocast_device)
+                    metrics.write(last_eval)
+                    if log:
+                        log(_format_eval(last_eval))
+                if tc.checkpoint_every and step % tc.checkpoint_every == 0:
+                    last_saved = save_checkpoint(
+                        out, step, model, optimizer, trainer_state(), tc.keep_checkpoints
+                    )
+                    saved_step = step
+            if stop_at is not None and step >= stop_at and step < tc.steps:
+                stopped = "stop_at"
+    except BaseException:
+        metrics.close()
+        raise
+    if step != saved_step:
+        last_saved = save_checkpoint(out, step, model, optimizer, trainer_state(), tc.keep_checkpoints)
+    if stopped != "stop_at" and (last_eval is None or last_eval["step"] != step) and tc.eval_size:
+        last_eval = _quick_eval(model, task, config, step, precision, autocast_device)
+        metrics.write(last_eval)
+        if log:
+            log(_format_eval(last_eval))
+    metrics.close()
+    return TrainResult(
+        out_dir=out,
+        step=step,
+        losses=losses,
+        checkpoint=last_saved,
+        stopped=stopped,
+        tokens_seen=tokens_seen,
+        precision=precision,
+        elapsed_s=time.perf_counter() - started,
+        resumed_from=start_step,
+        last_eval=last_eval,
+    )
+
+
+def _quick_eval(
+    model: RecurrentDepthLM, task: Any, config: RunConfig, step: int, precision: str, device: str
+) -> dict[str, Any]:
+    """Held-out metric at the mean training depth on ``train.eval_size`` examples (deterministic: zero init)."""
+    from latentloop.eval.lm import heldout_metric
+
+    depth = config.model.mean_recurrence
+    was_training = model.training
+    model.eval()
+    with torch.autocast(device, dtype=torch.bfloat16, enabled=precision == "bf16"):
+        value = heldout_metric(
+            model, task, depth, batch_size=config.train.eval_batch_size, limit=config.train.eval_size
+        )
+    model.train(was_training)
+    return {"kind": "eval", "step": step, "num_steps": depth, **value}
+
+
+def _format_eval(record: dict[str, Any]) -> str:
+    metric = "exact_match" if "exact_match" in record else "perplexity"
+    return f"eval step {record['step']}: {metric} {record[metric]:.4f} at depth {record['num_steps']}"
+
+
+class _InterruptFlag:
+    """While active (main thread only), the first Ctrl-C or SIGTERM (e.g. a preempted job) sets ``raised``
+    instead of interrupting mid-update; the loop then checkpoints and stops. A second signal acts at once."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self.raised = False
+        self.previous: dict[int, Any] = {}
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        self.raised = True
+        self._restore()
+
+    def _restore(self) -> None:
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+        self.previous = {}
+
+    def __enter__(self) -> _InterruptFlag:
+        if threading.current_thread() is threading.main_thread():
+            for signum in self.SIGNALS:
+                self.previous[signum] = signal.getsignal(signum)
+                signal.signal(signum, self._handler)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._restore()
+
+
+class _ProgressBar:
+    """A rich progress bar with loss and tokens/s, or nothing when disabled."""
+
+    def __init__(self, enabled: bool, total: int, completed: int) -> None:
+        self.enabled = enabled
+        self.progress = None
+        if enabled:
+            from rich.console import Console
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
+
+            self.progress = Progress(
+                TextColumn("train"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("loss {task.fields[loss]:.4f}"),
+                TextColumn("{task.fields[tps]:.0f} tok/s"),
+                TimeElapsedColumn(),
+                TimeRemainingColumn(),
+                console=Console(file=sys.stderr),
+            )
+            self.task = self.progress.add_task(
+                "train", total=total, completed=completed, loss=float("nan"), tps=0
+            )
+
+    def __enter__(self) -> _ProgressBar:
+        if self.progress is not None:
+            self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+
+    def update(self, step: int, loss: float, tokens_per_s: float) -> None:
+        if self.progress is not None:
+            self.progress.update(self.task, completed=step, loss=loss, tps=tokens_per_s)

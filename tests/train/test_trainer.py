@@ -1,0 +1,196 @@
+"""The training loop: exact resume, stopping rules, NaN handling, precision choice, configs, metrics."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+
+import pytest
+import torch
+
+from latentloop.errors import UsageError
+from latentloop.models.recurrent_depth import RecurrentDepthLM
+from latentloop.train import trainer as trainer_module
+from latentloop.train.checkpoint import latest_checkpoint, list_checkpoints
+from latentloop.train.recurrence import sampler_for
+from latentloop.train.trainer import (
+    RunConfig,
+    TrainingError,
+    build_run_config,
+    choose_precision,
+    load_run_config,
+    train,
+)
+
+
+def _with(config: RunConfig, **train_fields) -> RunConfig:
+    return dataclasses.replace(config, train=dataclasses.replace(config.train, **train_fields))
+
+
+def test_resumed_training_reproduces_the_uninterrupted_losses_exactly(tiny_config, tmp_path):
+    straight = train(tiny_config, tmp_path / "straight")
+    assert straight.step == 6 and len(straight.losses) == 6
+
+    first = train(tiny_config, tmp_path / "resumed", stop_at=3)
+    assert first.step == 3 and first.stopped == "stop_at"
+    second = train(tiny_config, tmp_path / "resumed")
+    assert second.resumed_from == 3 and second.step == 6
+    assert first.losses + second.losses == straight.losses  # bit-for-bit, not approximately
+
+    a = RecurrentDepthLM.from_pretrained(latest_checkpoint(tmp_path / "straight"))
+    b = RecurrentDepthLM.from_pretrained(latest_checkpoint(tmp_path / "resumed"))
+    for key, value in a.state_dict().items():
+        assert torch.equal(value, b.state_dict()[key]), key
+    # The metrics log of the resumed run is one continuous record.
+    records = [json.loads(line) for line in (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r["kind"] == "train"] == [1, 2, 3, 4, 5, 6]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_checkpoints_between_steps_and_resumes_exactly(signum, tiny_config, tmp_path, monkeypatch):
+    straight = train(tiny_config, tmp_path / "straight")
+    original = RecurrentDepthLM.forward
+    calls = {"n": 0}
+
+    def interrupting(self, *args, **kwargs):
+        if torch.is_grad_enabled():
+            calls["n"] += 1
+            if calls["n"] == 3:  # Ctrl-C (or a preemption's SIGTERM) arrives in the middle of step 3
+                os.kill(os.getpid(), signum)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(RecurrentDepthLM, "forward", interrupting)
+    with pytest.raises(KeyboardInterrupt):
+        train(tiny_config, tmp_path / "run")
+    assert latest_checkpoint(tmp_path / "run").name == "step_00000003"  # step 3 finished first
+    monkeypatch.setattr(RecurrentDepthLM, "forward", original)
+    resumed = train(tiny_config, tmp_path / "run")
+    assert resumed.losses == straight.losses[3:]
+
+
+def test_a_finished_run_does_not_train_again(tiny_config, tmp_path):
+    train(tiny_config, tmp_path)
+    again = train(tiny_config, tmp_path)
+    assert again.losses == [] and again.step == 6 and again.resumed_from == 6
+
+
+def test_each_step_uses_the_sampled_depth(tiny_config, tmp_path, monkeypatch):
+    seen = []
+    original = RecurrentDepthLM.forward
+
+    def spy(self, input_ids, num_steps=None, **kwargs):
+        if torch.is_grad_enabled():
+            seen.append(num_steps)
+        return original(self, input_ids, num_steps=num_steps, **kwargs)
+
+    monkeypatch.setattr(RecurrentDepthLM, "forward", spy)
+    config = dataclasses.replace(
+        tiny_config, model=dataclasses.replace(tiny_config.model, mean_recurrence=6, mean_backprop_depth=2)
+    )
+    train(config, tmp_path)
+    sampler = sampler_for(config.model, config.train.seed)
+    assert seen == [sampler(step) for step in range(6)]
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["depth"] for r in records if r["kind"] == "train"] == [sum(sampler(s)) for s in range(6)]
+
+
+def test_loss_falls_on_arithmetic(tiny_config, tmp_path):
+    config = _with(tiny_config, steps=30, batch_size=8, warmup_steps=5)
+    result = train(config, tmp_path)
+    first, last = sum(result.losses[:5]) / 5, sum(result.losses[-5:]) / 5
+    assert last < 0.65 * first  # from ln(vocab) ~ 5.6 to the digit-guessing level and below
+
+
+def test_nan_loss_stops_with_the_step_named(tiny_config, tmp_path, monkeypatch):
+    original = RecurrentDepthLM.forward
+    calls = {"n": 0}
+
+    def poisoned(self, *args, **kwargs):
+        out = original(self, *args, **kwargs)
+        if torch.is_grad_enabled():
+            calls["n"] += 1
+            if calls["n"] == 4:
+                out.loss = out.loss * float("nan")
+        return out
+
+    monkeypatch.setattr(RecurrentDepthLM, "forward", poisoned)
+    with pytest.raises(TrainingError, match="at step 4"):
+        train(_with(tiny_config, checkpoint_every=2), tmp_path)
+    assert latest_checkpoint(tmp_path).name == "step_00000002"  # the last good checkpoint survives
+
+
+def test_budget_stops_early_and_still_checkpoints(tiny_config, tmp_path):
+    result = train(_with(tiny_config, steps=10_000, budget_minutes=1e-9), tmp_path)
+    assert result.stopped == "budget" and result.step < 10_000
+    assert latest_checkpoint(tmp_path) is not None
+
+
+def test_keep_checkpoints(tiny_config, tmp_path):
+    train(_with(tiny_config, checkpoint_every=1, keep_checkpoints=2), tmp_path)
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step_00000005", "step_00000006"]
+
+
+def test_bf16_training_runs(tiny_config, tmp_path):
+    result = train(_with(tiny_config, precision="bf16", steps=2), tmp_path)
+    assert result.precision == "bf16" and all(torch.isfinite(torch.tensor(result.losses)))
+
+
+def test_auto_precision_measures_instead_of_guessing(tiny_config, monkeypatch):
+    model = tiny_config.model
+    monkeypatch.setattr(trainer_module, "measure_matmul_speed", lambda *a, **k: {"fp32": 1.0, "bf16": 3.0})
+    assert choose_precision("auto", model, 512, "cpu") == "fp32"
+    monkeypatch.setattr(trainer_module, "measure_matmul_speed", lambda *a, **k: {"fp32": 1.0, "bf16": 0.5})
+    assert choose_precision("auto", model, 512, "cpu") == "bf16"
+    assert choose_precision("fp32", model, 512, "cpu") == "fp32"
+    timing = trainer_module.measure_matmul_speed(64, 32, 64, repeats=2)
+    assert timing["fp32"] > 0 and timing["bf16"] > 0
+
+
+def test_text_task_trains(tiny_data, tmp_path):
+    config = build_run_config(
+        {**tiny_data, "task": {"name": "text", "seq_len": 16}}, ["train.steps=2", "train.eval_size=4"]
+    )
+    result = train(config, tmp_path)
+    assert result.step == 2 and "perplexity" in result.last_eval
+
+
+def test_run_config_overrides_and_round_trip(tiny_data, tmp_path):
+    config = build_run_config(
+        tiny_data, ["model.n_embd=64", "train.lr=1e-3", "task.digits=3", "train.betas=[0.8,0.9]"]
+    )
+    assert config.model.n_embd == 64 and config.train.lr == 1e-3 and config.task.options["digits"] == 3
+    assert config.train.betas == (0.8, 0.9)
+    path = tmp_path / "config.yaml"
+    trainer_module.save_run_config(config, path)
+    assert "digits: 3" in path.read_text()  # task options are written flat
+    assert load_run_config(path) == config
+    assert build_run_config(tiny_data, ["task.ops=-"]).task.options["ops"] == "-"
+    assert build_run_config(tiny_data, task="arithmetic:ops=+-").task.options["ops"] == "+-"
+    switched = build_run_config(tiny_data, task="text:seq_len=8")
+    assert switched.task.name == "text" and switched.task.options == {"seq_len": 8}
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [["model.nope=1"], ["train.lr=abc"], ["task.nope=1"], ["train.precision=fp8"], ["arch=mamba"], ["lr"]],
+)
+def test_bad_config_values_are_usage_errors(tiny_data, overrides):
+    with pytest.raises(UsageError):
+        build_run_config(tiny_data, overrides)
+
+
+def test_resuming_with_another_architecture_is_refused(tiny_config, tmp_path):
+    train(_with(tiny_config, steps=1), tmp_path)
+    wider = dataclasses.replace(tiny_config, model=dataclasses.replace(tiny_config.model, n_embd=64))
+    with pytest.raises(UsageError, match="n_embd"):
+        train(wider, tmp_path)
+
+
+def test_model_must_fit_the_task(tiny_config, tmp_path):
+    small_vocab = dataclasses.replace(
+        tiny_config, model=dataclasses.replace(tiny_config.model, vocab_size=100)
+    )
+    with pytest.raises(UsageError, match="vocab_size"):
+        train(small_vocab, tmp_path)
