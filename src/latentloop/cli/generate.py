@@ -11,20 +11,6 @@ from latentloop.cli.app import app
 from latentloop.errors import UsageError
 
 
-def resolve_model_folder(path: Path) -> Path:
-    """A checkpoint folder (``config.json`` + weights) or a run folder, whose newest checkpoint is used."""
-    if (path / "config.json").is_file():
-        return path
-    if not path.is_dir():
-        raise UsageError(f"model folder {path} does not exist")
-    from latentloop.train.checkpoint import latest_checkpoint
-
-    found = latest_checkpoint(path)
-    if found is None:
-        raise UsageError(f"{path} holds neither a config.json nor a complete checkpoint")
-    return found
-
-
 @app.command()
 def generate(
     model: Path = typer.Argument(
@@ -71,6 +57,7 @@ def generate(
     from latentloop.models.generation import ExitCriterion
     from latentloop.models.generation import generate as run_generation
     from latentloop.models.recurrent_depth import RecurrentDepthLM
+    from latentloop.train.checkpoint import resolve_checkpoint
 
     if not prompt:
         raise UsageError("the prompt is empty")
@@ -82,7 +69,7 @@ def generate(
     if temperature < 0 or (top_p is not None and not 0 < top_p <= 1):
         raise UsageError("--temperature must be >= 0 and --top-p in (0, 1]")
     criterion = ExitCriterion.parse(exit_criterion)
-    folder = resolve_model_folder(model)
+    folder = resolve_checkpoint(model)
     lm = RecurrentDepthLM.from_pretrained(folder)
     tok_spec = tokenizer or (folder / "tokenizer.json" if (folder / "tokenizer.json").is_file() else None)
     tok = load_tokenizer(tok_spec)
