@@ -207,11 +207,14 @@ def _solve_exact(task: Task, puzzle: Any, all_: bool, limit: int | None) -> tupl
     return solver(task, puzzle, all_, limit)
 
 
-def _solve_with_model(task: Task, puzzle: Any, model: str, all_: bool) -> tuple[dict, str, bool]:
-    # The learned-model path plugs in here: load RUN, encode the puzzle, run the reasoner, decode and verify.
-    raise UsageError(
-        "--model: solving with a learned model is not available in this version yet; use --exact"
-    )
+def _solve_with_model(
+    task: Task, puzzle: Any, model: str, all_: bool, samples: int = 1, select: str = "vote"
+) -> tuple[dict, str, bool]:
+    from latentloop.eval.reasoners import solve_puzzle
+
+    if all_:
+        raise UsageError("--all lists exact solutions; with --model use --samples K")
+    return solve_puzzle(model, task, puzzle, samples=samples, select=select)
 
 
 @app.command("solve", context_settings=_EXTRA)
@@ -225,6 +228,8 @@ def solve(
     limit: int | None = typer.Option(None, "--limit", help="Most solutions to list with --all."),
     n: str | None = typer.Option(None, "--n", help="Task option n."),
     colors: str | None = typer.Option(None, "--colors", help="Task option colors (graph colouring)."),
+    samples: int = typer.Option(1, "--samples", help="With --model: parallel samples, chosen by --select."),
+    select: str = typer.Option("vote", "--select", help="With --model: vote, value or first."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
     """Solve a puzzle with the exact solver (--exact) or a trained model (--model); exit 1 when unsolved."""
@@ -237,7 +242,9 @@ def solve(
     if exact:
         payload, text, solved = _solve_exact(the_task, the_puzzle, all_, limit)
     else:
-        payload, text, solved = _solve_with_model(the_task, the_puzzle, model or "", all_)
+        if samples < 1:
+            raise UsageError(f"--samples must be at least 1, got {samples}")
+        payload, text, solved = _solve_with_model(the_task, the_puzzle, model or "", all_, samples, select)
     _emit(as_json, payload, text)
     if not solved:
         raise typer.Exit(1)

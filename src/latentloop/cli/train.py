@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from collections.abc import Callable
@@ -64,10 +65,57 @@ def _evaluate_recurrent_depth(run: str, depths: list[int], **options: Any) -> di
     return evaluate_lm(run, depths, **options)
 
 
-# Model families by --model name; puzzle reasoners register here too.
+def _train_reasoner(
+    arch: str,
+    config_data: dict[str, Any],
+    overrides: list[str],
+    task: str | None,
+    out: str | None,
+    steps: int | None,
+    budget_minutes: float | None,
+    progress: bool,
+    log: Callable[[str], None] | None,
+) -> dict[str, Any]:
+    from latentloop.train.deep_supervision import build_reasoner_config, train_reasoner
+
+    extra = list(overrides)
+    if steps is not None:
+        extra.append(f"train.steps={steps}")
+    if budget_minutes is not None:
+        extra.append(f"train.budget_minutes={budget_minutes}")
+    config = build_reasoner_config(config_data, extra, task=task, arch=arch)
+    out_dir = Path(out) if out else Path("runs") / f"{config.task.name}-{config.arch}"
+    result = train_reasoner(config, out_dir, progress=progress, log=log)
+    return {
+        "out": str(result.out_dir),
+        "step": result.step,
+        "stopped": result.stopped,
+        "resumed_from": result.resumed_from,
+        "checkpoint": str(result.checkpoint) if result.checkpoint else None,
+        "tokens_seen": result.examples_seen * config.model.seq_len,
+        "examples_seen": result.examples_seen,
+        "parameters": result.parameters,
+        "precision": result.precision,
+        "elapsed_s": round(result.elapsed_s, 2),
+        "final_loss": result.losses[-1] if result.losses else None,
+        "last_eval": result.last_eval,
+    }
+
+
+def _evaluate_reasoner(run: str, depths: list[int], **options: Any) -> dict[str, Any]:
+    from latentloop.eval.reasoners import evaluate_reasoner
+
+    return evaluate_reasoner(run, **options)
+
+
+# Model families by --model name.
 MODELS: dict[str, ModelEntry] = {
     "recurrent-depth": ModelEntry(_train_recurrent_depth, _evaluate_recurrent_depth, ("huginn_raven",)),
 }
+for _arch in ("direct", "looped", "hrm", "trm", "gram"):  # the puzzle reasoners share one trainer/evaluator
+    MODELS[_arch] = ModelEntry(
+        functools.partial(_train_reasoner, _arch), _evaluate_reasoner, (f"reasoner-{_arch}",)
+    )
 
 
 def _model_entry(name: str) -> ModelEntry:
@@ -177,9 +225,13 @@ def eval_command(
     init_scale: float = typer.Option(
         0.0, "--init-scale", help="Initial latent state scale (0 = deterministic)."
     ),
+    samples: int = typer.Option(20, "--samples", help="Puzzle models: parallel samples per puzzle."),
+    steps: int = typer.Option(None, "--steps", help="Puzzle models: supervision steps (default: n_sup)."),
+    select: str = typer.Option("vote", "--select", help="Puzzle models: vote, value or first."),
     json_output: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
-    """Held-out accuracy (or perplexity) at each test-time depth; writes eval.json, eval.md, eval_depth.png."""
+    """Held-out accuracy (or perplexity) at each test-time depth; writes eval.json, eval.md, eval_depth.png.
+    Puzzle models: accuracy by the verifier, coverage, conflicts, curves over steps and samples."""
     depths = _parse_depths(num_steps)
     if limit is not None and limit < 1:
         raise UsageError(f"--limit must be positive, got {limit}")
@@ -187,6 +239,24 @@ def eval_command(
     entry = next((e for e in MODELS.values() if kind in e.checkpoint_types), None)
     if entry is None:
         raise UsageError(f"{run}: no evaluator for checkpoints of model_type {kind!r}")
+    if kind.startswith("reasoner-"):
+        from latentloop.eval.reasoners import markdown_table as reasoner_table
+
+        report = entry.evaluate(
+            run,
+            depths,
+            samples=samples,
+            steps=steps,
+            select=select,
+            batch_size=batch_size,
+            limit=limit,
+            task=task,
+        )
+        typer.echo(json.dumps(report) if json_output else reasoner_table(report).rstrip())
+        if not json_output:
+            for path in report.get("written", []):
+                typer.echo(f"wrote {path}")
+        return
     report = entry.evaluate(run, depths, batch_size=batch_size, limit=limit, init_scale=init_scale, task=task)
     if json_output:
         typer.echo(json.dumps(report))

@@ -148,9 +148,12 @@ def build_run_config(
     overrides: Sequence[str] = (),
     task: str | None = None,
     arch: str | None = None,
-) -> RunConfig:
+    config_cls: type = RunConfig,
+    archs: Sequence[str] = ARCHS,
+) -> Any:
     """A :class:`RunConfig` from a YAML-style mapping, then ``task`` (a spec such as ``"arithmetic:digits=4"``)
-    and ``arch``, then ``key=value`` overrides. A task given by name drops the options of a different task."""
+    and ``arch``, then ``key=value`` overrides. A task given by name drops the options of a different task.
+    ``config_cls``/``archs`` let other model families (the puzzle reasoners) build their run configs the same way."""
     from latentloop.tasks.base import parse_task_spec
 
     data = copy.deepcopy(dict(data or {}))
@@ -187,12 +190,12 @@ def build_run_config(
         else:
             rest.append(item)
     data["task"] = {"name": task_name, "options": options}
-    config = from_dict(RunConfig, data)
+    config = from_dict(config_cls, data)
     if rest:
         config = apply_overrides(config, rest)
-    if config.arch not in ARCHS:
-        raise UsageError(f"unknown model {config.arch!r} (known: {', '.join(ARCHS)})")
-    if config.model.sampling_scheme not in SCHEMES:
+    if config.arch not in archs:
+        raise UsageError(f"unknown model {config.arch!r} (known: {', '.join(archs)})")
+    if hasattr(config.model, "sampling_scheme") and config.model.sampling_scheme not in SCHEMES:
         raise UsageError(
             f"model.sampling_scheme must be one of {', '.join(SCHEMES)}, got {config.model.sampling_scheme!r}"
         )

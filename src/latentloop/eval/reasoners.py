@@ -1,0 +1,314 @@
+"""Evaluation of puzzle reasoners: accuracy by the task's verifier, coverage, conflicts, depth/width curves.
+
+Every decoded answer is judged by ``task.violations`` (0 = valid), never by comparison with one stored label, so
+a valid N-Queens board that differs from the label counts. Coverage (multi-solution tasks) is the number of
+distinct valid answers among the samples divided by the number of all valid completions of the puzzle.
+Reports go to ``eval.json``, ``eval.md`` and ``eval_curves.png`` in the run folder.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Hashable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from latentloop.errors import UsageError
+from latentloop.infer.scaling import SELECTIONS, select_sample, solve
+from latentloop.models.reasoners import Reasoner, load_reasoner, num_parameters
+from latentloop.tasks.base import Task
+
+MULTI_SOLUTION = ("nqueens", "graph-coloring")
+
+
+def decode_answer(task: Task, tokens: np.ndarray) -> Any:
+    """The answer that predicted ``tokens`` stand for (graph colouring reads only the vertex slots)."""
+    reader = getattr(task, "decode_answer", None)
+    return reader(tokens) if reader is not None else task.decode(tokens)
+
+
+def answer_key(task: Task, answer: Any) -> Hashable:
+    """A hashable identity of an answer: equal answers (graph colourings up to renaming colours) share it."""
+    if task.name == "graph-coloring":
+        from latentloop.tasks.graph_coloring import canonical
+
+        return canonical(answer) if min(answer) >= 0 else tuple(answer)
+    return np.asarray(answer).tobytes()
+
+
+def unique_puzzles(split: dict[str, np.ndarray], limit: int | None = None) -> np.ndarray:
+    """The distinct inputs of a split (first row of each puzzle id, in order), at most ``limit``."""
+    _, first = np.unique(np.asarray(split["puzzle_ids"]), return_index=True)
+    rows = np.sort(first)[:limit]
+    return np.asarray(split["inputs"])[rows].astype(np.int64)
+
+
+def _judge(task: Task, inputs: np.ndarray, predictions: np.ndarray) -> tuple[np.ndarray, np.ndarray, list]:
+    """``(violations [S, K, B], key ids [S, K, B], puzzles)`` for predictions ``[S, K, B, L]``."""
+    steps, samples, count = predictions.shape[:3]
+    violations = np.zeros((steps, samples, count), dtype=np.int64)
+    key_ids = np.zeros((steps, samples, count), dtype=np.int64)
+    interned: dict[Hashable, int] = {}
+    puzzles = []
+    for b in range(count):
+        puzzle = task.decode(inputs[b])
+        puzzles.append(puzzle)
+        cache: dict[bytes, tuple[int, int]] = {}
+        for s in range(steps):
+            for k in range(samples):
+                tokens = predictions[s, k, b]
+                raw = tokens.tobytes()
+                if raw not in cache:
+                    answer = decode_answer(task, tokens)
+                    key = interned.setdefault(answer_key(task, answer), len(interned))
+                    cache[raw] = (int(task.violations(puzzle, answer)), key)
+                violations[s, k, b], key_ids[s, k, b] = cache[raw]
+    return violations, key_ids, puzzles
+
+
+def _selected(key_ids: np.ndarray, values: np.ndarray, mode: str) -> np.ndarray:
+    """The chosen sample per puzzle from ``key_ids [K, B]`` and ``values [K, B]``."""
+    return np.array(
+        [select_sample(key_ids[:, b].tolist(), values[:, b].tolist(), mode) for b in range(key_ids.shape[1])]
+    )
+
+
+@torch.no_grad()
+def evaluate_model(
+    model: Reasoner,
+    task: Task,
+    inputs: np.ndarray,
+    samples: int = 20,
+    steps: int | None = None,
+    select: str = "vote",
+    batch_size: int = 256,
+    halt: bool = False,
+) -> dict[str, Any]:
+    """Accuracy (and coverage, conflicts) of ``model`` on puzzle ``inputs`` ``[N, L]`` with curves over steps
+    ``1..steps`` (all samples, ``select``) and over samples ``1..samples`` (last step, every selection)."""
+    if select not in SELECTIONS:
+        raise UsageError(f"--select must be one of {', '.join(SELECTIONS)}, got {select!r}")
+    steps = model.config.n_sup if steps is None else steps
+    per_sample = max(1, batch_size // samples)
+    preds, vals = [], []
+    for start in range(0, len(inputs), per_sample):
+        x = torch.from_numpy(inputs[start : start + per_sample])
+        result = solve(model, x, steps=steps, samples=samples, select="first", halt=halt)
+        preds.append(result.predictions.numpy().astype(np.uint8))
+        vals.append(result.values.numpy())
+    predictions, values = np.concatenate(preds, axis=2), np.concatenate(vals, axis=2)
+    violations, key_ids, puzzles = _judge(task, inputs, predictions)
+    valid = violations == 0
+    count = len(inputs)
+    idx = np.arange(count)
+
+    def accuracy_at(s: int, k: int, mode: str) -> float:
+        chosen = _selected(key_ids[s, :k], values[s, :k], mode)
+        return float(valid[s, chosen, idx].mean())
+
+    report: dict[str, Any] = {
+        "task": task.name,
+        "parameters": num_parameters(model),
+        "puzzles": count,
+        "samples": samples,
+        "steps": steps,
+        "select": select,
+        "accuracy": accuracy_at(steps - 1, samples, select),
+        "accuracy_by_select": {m: accuracy_at(steps - 1, samples, m) for m in SELECTIONS},
+        "oracle_accuracy": float(valid[-1].any(axis=0).mean()),
+        "curve_steps": [{"steps": s + 1, "accuracy": accuracy_at(s, samples, select)} for s in range(steps)],
+        "curve_samples": [
+            {"samples": k, **{m: accuracy_at(steps - 1, k, m) for m in ("vote", "value")}}
+            for k in range(1, samples + 1)
+        ],
+    }
+    chosen = _selected(key_ids[-1], values[-1], select)
+    if task.name == "graph-coloring":
+        conflicts = violations[-1, chosen, idx]
+        report["conflicts_total"] = int(conflicts.sum())
+        report["conflicts_mean"] = float(conflicts.mean())
+    if task.name in MULTI_SOLUTION:
+        totals = np.array([max(1, len(task.solutions(p))) for p in puzzles])
+        coverage = []
+        for k in range(1, samples + 1):
+            found = [len({key_ids[-1, j, b] for j in range(k) if valid[-1, j, b]}) for b in range(count)]
+            coverage.append(float(np.mean(np.array(found) / totals)))
+        report["coverage"] = coverage[-1]
+        for point, cov in zip(report["curve_samples"], coverage, strict=True):
+            point["coverage"] = cov
+    return report
+
+
+def quick_accuracy(model: Reasoner, task: Task, split: dict[str, np.ndarray], limit: int) -> dict[str, Any]:
+    """One-sample accuracy at ``n_sup`` steps on the first ``limit`` test puzzles (the end-of-training check)."""
+    inputs = unique_puzzles(split, limit)
+    device = next(model.parameters()).device
+    result = solve(model, torch.from_numpy(inputs).to(device), samples=1)
+    tokens = result.chosen.cpu().numpy()
+    ok = [
+        task.violations(task.decode(inputs[b]), decode_answer(task, tokens[b])) == 0
+        for b in range(len(inputs))
+    ]
+    accuracy = float(np.mean(ok))
+    return {"num_steps": model.config.n_sup, "accuracy": accuracy, "exact_match": accuracy}
+
+
+# Runs --------------------------------------------------------------------------------------------------------
+def load_run(run: str | Path, task_spec: str | None = None) -> tuple[Reasoner, Task, Path, Path | None]:
+    """``(EMA model, task, checkpoint, run folder)`` of a run folder or checkpoint folder."""
+    from latentloop.tasks.base import get_task, parse_task_spec
+    from latentloop.train.checkpoint import resolve_checkpoint, run_folder_of
+    from latentloop.train.deep_supervision import load_reasoner_run_config
+
+    checkpoint = resolve_checkpoint(run)
+    model = load_reasoner(checkpoint).eval()
+    folder = run_folder_of(checkpoint)
+    if task_spec:
+        name, options = parse_task_spec(task_spec)
+        task = get_task(name, **options)
+    elif folder is not None:
+        config = load_reasoner_run_config(folder / "config.yaml")
+        task = get_task(config.task.name, **config.task.options)
+    else:
+        raise UsageError(f"{checkpoint} is not inside a run folder; name its task with --task")
+    if task.seq_len != model.config.seq_len or task.vocab_size != model.config.vocab_size:
+        raise UsageError(
+            f"the model was trained for puzzles of {model.config.seq_len} tokens (vocabulary "
+            f"{model.config.vocab_size}); task {task.name!r} has {task.seq_len} ({task.vocab_size})"
+        )
+    return model, task, checkpoint, folder
+
+
+def evaluate_reasoner(
+    run: str | Path,
+    samples: int = 20,
+    steps: int | None = None,
+    select: str = "vote",
+    batch_size: int = 256,
+    limit: int | None = None,
+    task: str | None = None,
+    write: bool = True,
+    **_: Any,
+) -> dict[str, Any]:
+    """Evaluate a run's newest checkpoint on its test split; writes the reports into the run folder."""
+    if samples < 1 or (steps is not None and steps < 1):
+        raise UsageError("--samples and --steps must be at least 1")
+    model, the_task, checkpoint, folder = load_run(run, task)
+    data = folder / "data" if folder is not None else None
+    if folder is not None:
+        from latentloop.train.deep_supervision import load_reasoner_run_config
+
+        configured = load_reasoner_run_config(folder / "config.yaml").train.data
+        data = Path(configured) if configured else data
+    if data is None or not (data / "metadata.json").is_file():
+        raise UsageError(f"no test data found for {run} (expected {data}/metadata.json)")
+    from latentloop.data.dataset import load_dataset
+
+    inputs = unique_puzzles(load_dataset(data).split("test"), limit)
+    report = evaluate_model(model, the_task, inputs, samples, steps, select, batch_size)
+    report = {"run": str(run), "checkpoint": str(checkpoint), "model": model.arch, **report}
+    if write:
+        out = folder if folder is not None else checkpoint
+        write_reports(report, out)
+        report["written"] = [str(out / n) for n in ("eval.json", "eval.md", "eval_curves.png")]
+    return report
+
+
+def solve_puzzle(
+    run: str, task: Task, puzzle: Any, samples: int = 1, select: str = "vote"
+) -> tuple[dict, str, bool]:
+    """``latentloop solve TASK PUZZLE --model RUN``: ``(payload, text, solved)``."""
+    model, run_task, _, _ = load_run(run)
+    tokens = np.asarray(task.encode(puzzle), dtype=np.int64)
+    if run_task.name != task.name or len(tokens) != model.config.seq_len:
+        raise UsageError(
+            f"the model solves {run_task.name} puzzles of {model.config.seq_len} tokens; this {task.name} puzzle "
+            f"has {len(tokens)}"
+        )
+    result = solve(
+        model,
+        torch.from_numpy(tokens)[None],
+        samples=samples,
+        select=select,
+        key=lambda t: answer_key(task, decode_answer(task, t.cpu().numpy())),
+    )
+    answer = decode_answer(task, result.chosen[0].numpy())
+    violations = int(task.violations(puzzle, answer))
+    text_answer = task.format(answer)
+    payload = {"answer": text_answer, "valid": violations == 0, "violations": violations, "samples": samples}
+    verdict = "valid (the verifier accepts it)" if violations == 0 else f"invalid: {violations} violations"
+    return payload, f"{text_answer}\n{verdict}", violations == 0
+
+
+# Reports -----------------------------------------------------------------------------------------------------
+def markdown_table(report: dict[str, Any]) -> str:
+    """The headline numbers and the curves as Markdown."""
+    lines = [
+        f"# {report.get('model', '?')} on {report['task']} ({report['puzzles']} test puzzles, "
+        f"{report['parameters']:,} parameters)",
+        "",
+        "| metric | value |",
+        "|---|---|",
+        f"| accuracy ({report['select']}, {report['samples']} samples, {report['steps']} steps) | "
+        f"{100 * report['accuracy']:.1f}% |",
+    ]
+    for mode, value in report["accuracy_by_select"].items():
+        lines.append(f"| accuracy, select {mode} | {100 * value:.1f}% |")
+    lines.append(f"| any sample valid (oracle) | {100 * report['oracle_accuracy']:.1f}% |")
+    if "coverage" in report:
+        lines.append(f"| coverage ({report['samples']} samples) | {100 * report['coverage']:.1f}% |")
+    if "conflicts_total" in report:
+        lines.append(
+            f"| conflicts (total / mean per graph) | {report['conflicts_total']} / {report['conflicts_mean']:.2f} |"
+        )
+    lines += ["", "| steps | accuracy |", "|---|---|"]
+    lines += [f"| {p['steps']} | {100 * p['accuracy']:.1f}% |" for p in report["curve_steps"]]
+    has_cov = "coverage" in report
+    lines += [
+        "",
+        "| samples | vote | value |" + (" coverage |" if has_cov else ""),
+        "|---|---|---|" + ("---|" if has_cov else ""),
+    ]
+    for p in report["curve_samples"]:
+        row = f"| {p['samples']} | {100 * p['vote']:.1f}% | {100 * p['value']:.1f}% |"
+        lines.append(row + (f" {100 * p['coverage']:.1f}% |" if has_cov else ""))
+    return "\n".join(lines) + "\n"
+
+
+def plot_curves(report: dict[str, Any], path: Path) -> None:
+    """Accuracy against steps and against samples, side by side, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from latentloop.io import atomic_path
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.5))
+    left.plot(
+        [p["steps"] for p in report["curve_steps"]], [p["accuracy"] for p in report["curve_steps"]], "o-"
+    )
+    left.set(xlabel="supervision steps", ylabel="accuracy", title=f"depth ({report['samples']} samples)")
+    ks = [p["samples"] for p in report["curve_samples"]]
+    for key in ("vote", "value", "coverage"):
+        if key in report["curve_samples"][0]:
+            right.plot(ks, [p[key] for p in report["curve_samples"]], "o-", label=key)
+    right.set(xlabel="samples", title=f"width ({report['steps']} steps)")
+    right.legend()
+    fig.tight_layout()
+    with atomic_path(path) as temp:
+        fig.savefig(temp, format="png")
+    plt.close(fig)
+
+
+def write_reports(report: dict[str, Any], folder: str | Path) -> None:
+    """``eval.json``, ``eval.md`` and ``eval_curves.png`` in ``folder``."""
+    from latentloop.io import atomic_write_text
+
+    folder = Path(folder)
+    atomic_write_text(folder / "eval.json", json.dumps(report, indent=1) + "\n")
+    atomic_write_text(folder / "eval.md", markdown_table(report))
+    plot_curves(report, folder / "eval_curves.png")

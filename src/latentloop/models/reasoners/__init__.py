@@ -1,0 +1,56 @@
+"""Recursive puzzle reasoners under one interface (see :mod:`latentloop.models.reasoners.base`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from latentloop.config import from_dict
+from latentloop.errors import UsageError
+from latentloop.models.reasoners.base import Reasoner, ReasonerConfig, ReasonerOutput, num_parameters
+from latentloop.models.reasoners.direct import DirectReasoner
+from latentloop.models.reasoners.gram import GRAMReasoner
+from latentloop.models.reasoners.hrm import HRMReasoner
+from latentloop.models.reasoners.looped import LoopedReasoner
+from latentloop.models.reasoners.trm import TRMReasoner
+
+REASONERS: dict[str, type[Reasoner]] = {
+    cls.arch: cls for cls in (DirectReasoner, LoopedReasoner, HRMReasoner, TRMReasoner, GRAMReasoner)
+}
+
+
+def build_reasoner(arch: str, config: ReasonerConfig) -> Reasoner:
+    """A fresh reasoner ``arch`` (direct, looped, hrm, trm, gram)."""
+    if arch not in REASONERS:
+        raise UsageError(f"unknown model {arch!r} (known: {', '.join(sorted(REASONERS))})")
+    return REASONERS[arch](config)
+
+
+def load_reasoner(checkpoint: str | Path, weights: str = "model.safetensors") -> Reasoner:
+    """The reasoner saved in checkpoint folder ``checkpoint`` (its ``config.json`` and ``weights``)."""
+    checkpoint = Path(checkpoint)
+    try:
+        data: dict[str, Any] = json.loads((checkpoint / "config.json").read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise UsageError(f"{checkpoint}/config.json does not load: {error}") from None
+    data.pop("model_type", None)
+    model = build_reasoner(str(data.pop("arch", "")), from_dict(ReasonerConfig, data, prefix="model."))
+    model.load_weights(checkpoint / weights)
+    return model
+
+
+__all__ = [
+    "REASONERS",
+    "DirectReasoner",
+    "GRAMReasoner",
+    "HRMReasoner",
+    "LoopedReasoner",
+    "Reasoner",
+    "ReasonerConfig",
+    "ReasonerOutput",
+    "TRMReasoner",
+    "build_reasoner",
+    "load_reasoner",
+    "num_parameters",
+]

@@ -1,0 +1,220 @@
+"""The reasoner interface shared by every puzzle model (Direct, Looped, HRM, TRM, GRAM).
+
+A reasoner maps an input grid ``x`` (token ids ``[B, L]``) to logits over the same positions. Its latent
+state, the *carry* (a dict of tensors), persists across supervision steps::
+
+    carry = model.initial_carry(batch)                  # the fixed initial state, broadcast to the batch
+    carry, out = model(carry, batch, target=None | y)   # ONE supervision step: T transitions, gradient only
+                                                        # through the last; out.logits [B, L, V],
+                                                        # out.halt_logit [B], out.value [B], out.kl [B]
+
+``batch`` is a dict with ``"inputs"`` (``[B, L]`` token ids). The returned carry is detached, so the next step
+never backpropagates into this one. Checkpoints are ``config.json`` (``model_type`` ``reasoner-<arch>``) plus
+``model.safetensors``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from latentloop.errors import UsageError
+from latentloop.models.reasoners.heads import HaltHead, ValueHead
+from latentloop.nn import BLOCKS, GatedMLP, RMSNorm, RotaryEmbedding
+
+MIXERS = ("attention", "mlp")
+Carry = dict[str, torch.Tensor]
+
+
+@dataclass
+class ReasonerConfig:
+    """Sizes and recursion settings of a reasoner (fields a model does not use are ignored by it).
+
+    ``cycles`` is T, the transitions per supervision step (TRM's T, HRM's H_cycles, GRAM's T, the Looped
+    model's applications); ``inner`` is the low-level updates per transition (GRAM's K, TRM's n, HRM's
+    L_cycles). ``vocab_size``/``seq_len`` 0 mean "take them from the task".
+    """
+
+    vocab_size: int = 0
+    seq_len: int = 0
+    dim: int = 128
+    n_heads: int = 4
+    n_layers: int = 2
+    hidden: int = 256
+    block: str = "post-norm"
+    mixer: str = "attention"
+    n_sup: int = 16
+    cycles: int = 3
+    inner: int = 4
+    beta: float = 0.07
+    kl_balance: float = 0.8
+    rope_base: float = 10_000.0
+    norm_eps: float = 1e-5
+
+    def __post_init__(self) -> None:
+        if self.block not in BLOCKS:
+            raise UsageError(f"model.block must be one of {', '.join(BLOCKS)}, got {self.block!r}")
+        if self.mixer not in MIXERS:
+            raise UsageError(f"model.mixer must be one of {', '.join(MIXERS)}, got {self.mixer!r}")
+        for name in ("dim", "n_heads", "n_layers", "hidden", "n_sup", "cycles", "inner"):
+            if getattr(self, name) < 1:
+                raise UsageError(f"model.{name} must be at least 1, got {getattr(self, name)}")
+        if self.dim % self.n_heads or (self.dim // self.n_heads) % 2:
+            raise UsageError(f"model.dim {self.dim} must split into {self.n_heads} heads of even size")
+        if self.beta < 0 or not 0 <= self.kl_balance <= 1:
+            raise UsageError("model.beta must be >= 0 and model.kl_balance in [0, 1]")
+
+
+@dataclass
+class ReasonerOutput:
+    """What one supervision step returns besides the carry."""
+
+    logits: torch.Tensor  # [B, L, V]
+    halt_logit: torch.Tensor  # [B]  q_halt: halt when sigmoid > 0.5
+    value: torch.Tensor  # [B]  predicted accuracy in (0, 1)
+    kl: torch.Tensor  # [B]  KL(posterior || prior) of the step's last transition; 0 when deterministic
+
+
+class SequenceMLPBlock(nn.Module):
+    """A post-norm block whose token mixer is a gated MLP *over the sequence* (TRM's Sudoku variant)."""
+
+    def __init__(self, seq_len: int, dim: int, hidden: int, eps: float) -> None:
+        super().__init__()
+        self.mix = GatedMLP(seq_len, 2 * seq_len)
+        self.mlp = GatedMLP(dim, hidden)
+        self.norm_1 = RMSNorm(dim, eps)
+        self.norm_2 = RMSNorm(dim, eps)
+
+    def forward(
+        self, x: torch.Tensor, rope: torch.Tensor | None = None, causal: bool = False
+    ) -> torch.Tensor:
+        x = self.norm_1(x + self.mix(x.transpose(1, 2)).transpose(1, 2))
+        return self.norm_2(x + self.mlp(x))
+
+
+class ReasoningModule(nn.Module):
+    """``f(state, injection)``: ``n_layers`` bidirectional blocks applied to ``state + injection``.
+
+    Always ends in an RMSNorm (post-norm and sandwich blocks do by construction, pre-norm gets a final norm):
+    GRAM needs a normalised state, or the KL between noise heads explodes.
+    """
+
+    def __init__(self, config: ReasonerConfig, n_layers: int | None = None) -> None:
+        super().__init__()
+        c = config
+        layers = n_layers if n_layers is not None else c.n_layers
+        if c.mixer == "mlp":
+            self.layers = nn.ModuleList(
+                SequenceMLPBlock(c.seq_len, c.dim, c.hidden, c.norm_eps) for _ in range(layers)
+            )
+        else:
+            block = BLOCKS[c.block]
+            self.layers = nn.ModuleList(block(c.dim, c.n_heads, c.hidden, c.norm_eps) for _ in range(layers))
+        self.final_norm = RMSNorm(c.dim, c.norm_eps) if c.block == "pre-norm" and c.mixer != "mlp" else None
+
+    def forward(
+        self, state: torch.Tensor, injection: torch.Tensor | None, rope: torch.Tensor | None
+    ) -> torch.Tensor:
+        x = state if injection is None else state + injection
+        for layer in self.layers:
+            x = layer(x, rope, causal=False)
+        return self.final_norm(x) if self.final_norm is not None else x
+
+
+class Reasoner(nn.Module):
+    """Base class: input embedding, rotary tables, decoder, halting and value heads, checkpoint I/O.
+
+    Subclasses set ``arch``, build their recursive modules, and implement :meth:`initial_carry` and
+    :meth:`forward` (one supervision step).
+    """
+
+    arch: str = ""
+    stochastic: bool = False
+
+    def __init__(self, config: ReasonerConfig) -> None:
+        super().__init__()
+        if config.vocab_size < 1 or config.seq_len < 1:
+            raise UsageError("model.vocab_size and model.seq_len must be set (they come from the task)")
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size, config.dim)
+        nn.init.normal_(self.embed.weight, std=1.0 / math.sqrt(config.dim))
+        self.rope = RotaryEmbedding(config.dim // config.n_heads, config.seq_len, config.rope_base)
+        self.lm_head = nn.Linear(config.dim, config.vocab_size, bias=False)
+        self.halt_head = HaltHead(config.dim)
+        self.value_head = ValueHead(config.dim)
+
+    # -- pieces the models share ----------------------------------------------------------------------------
+    def embed_input(self, inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(e_x, rope)``: the input embedding (scaled to unit RMS like the normalised states) and the
+        rotary tables of its positions."""
+        e_x = self.embed(inputs.long()) * math.sqrt(self.config.dim)
+        return e_x, self.rope.tables(torch.arange(inputs.shape[1], device=inputs.device))
+
+    def init_state(self, name: str) -> None:
+        """A fixed initial latent ``[dim]`` sampled once (truncated normal) and stored as a buffer."""
+        self.register_buffer(name, nn.init.trunc_normal_(torch.empty(self.config.dim), std=1.0, a=-2, b=2))
+
+    def broadcast_state(self, name: str, inputs: torch.Tensor) -> torch.Tensor:
+        """The stored initial latent ``name`` expanded to ``[B, L, dim]``."""
+        batch, length = inputs.shape
+        return getattr(self, name).expand(batch, length, -1).clone()
+
+    def readout(self, state: torch.Tensor, kl: torch.Tensor | None = None) -> ReasonerOutput:
+        """Logits, halt logit and value from the state the decoder reads."""
+        zeros = torch.zeros(state.shape[0], device=state.device)
+        return ReasonerOutput(
+            logits=self.lm_head(state),
+            halt_logit=self.halt_head(state),
+            value=self.value_head(state),
+            kl=zeros if kl is None else kl,
+        )
+
+    # -- the interface -------------------------------------------------------------------------------------
+    def initial_carry(self, batch: dict[str, torch.Tensor]) -> Carry:
+        """The carry before the first supervision step."""
+        raise NotImplementedError
+
+    def forward(  # type: ignore[override]
+        self, carry: Carry, batch: dict[str, torch.Tensor], target: torch.Tensor | None = None
+    ) -> tuple[Carry, ReasonerOutput]:
+        """One supervision step (see the module docstring)."""
+        raise NotImplementedError
+
+    # -- checkpoints ---------------------------------------------------------------------------------------
+    @property
+    def model_type(self) -> str:
+        return f"reasoner-{self.arch}"
+
+    def config_dict(self) -> dict[str, Any]:
+        """``config.json`` of a checkpoint."""
+        return {"model_type": self.model_type, "arch": self.arch, **dataclasses.asdict(self.config)}
+
+    def save_pretrained(self, path: str | Path, weights: str = "model.safetensors") -> None:
+        """Write ``config.json`` and the weights (``weights``) into folder ``path``."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "config.json").write_text(json.dumps(self.config_dict(), indent=1) + "\n")
+        save_file({k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}, path / weights)
+
+    def load_weights(self, file: str | Path) -> None:
+        """Load a safetensors file written by :meth:`save_pretrained` (one-line error when damaged)."""
+        try:
+            self.load_state_dict(load_file(str(file)))
+        except FileNotFoundError:
+            raise UsageError(f"checkpoint weights {file} are missing") from None
+        except Exception as error:  # safetensors and load_state_dict raise several types
+            reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise UsageError(f"checkpoint weights {file} do not load: {reason}") from None
+
+
+def num_parameters(model: nn.Module) -> int:
+    """Trainable parameters (buffers such as the fixed initial state excluded)."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)

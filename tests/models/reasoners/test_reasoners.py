@@ -1,0 +1,142 @@
+"""The reasoner interface: shapes on every task, one-step gradients, GRAM's KL and stochasticity."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from latentloop.models.reasoners import REASONERS, GRAMReasoner, ReasonerConfig, build_reasoner, load_reasoner
+from latentloop.models.reasoners.base import ReasoningModule
+from latentloop.tasks.base import get_task
+
+TASKS = {
+    "nqueens": dict(n=4),
+    "graph-coloring": dict(n=5),
+    "sudoku": dict(box="2x2"),
+}
+
+
+def tiny(task, **overrides) -> ReasonerConfig:
+    base = dict(
+        vocab_size=task.vocab_size,
+        seq_len=task.seq_len,
+        dim=16,
+        n_heads=2,
+        n_layers=1,
+        hidden=32,
+        cycles=2,
+        inner=2,
+    )
+    base.update(overrides)
+    return ReasonerConfig(**base)
+
+
+def batch_for(task, size=3, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randint(1, task.vocab_size, (size, task.seq_len), generator=generator)
+    y = torch.randint(1, task.vocab_size, (size, task.seq_len), generator=generator)
+    return {"inputs": x}, y
+
+
+@pytest.mark.parametrize("task_name", sorted(TASKS))
+@pytest.mark.parametrize("arch", sorted(REASONERS))
+def test_step_shapes_on_every_task(arch, task_name):
+    task = get_task(task_name, **TASKS[task_name])
+    torch.manual_seed(0)
+    model = build_reasoner(arch, tiny(task))
+    batch, y = batch_for(task)
+    carry = model.initial_carry(batch)
+    for target in (y, None):
+        carry, out = model(carry, batch, target=target)
+        assert out.logits.shape == (3, task.seq_len, task.vocab_size)
+        assert out.halt_logit.shape == out.value.shape == out.kl.shape == (3,)
+        assert ((out.value > 0) & (out.value < 1)).all()
+        assert all(not v.requires_grad for v in carry.values()), "the carry must leave a step detached"
+    if arch != "gram":
+        assert (out.kl == 0).all()
+
+
+def test_trm_mlp_over_sequence_variant():
+    task = get_task("sudoku", box="2x2")
+    model = build_reasoner("trm", tiny(task, mixer="mlp"))
+    batch, y = batch_for(task)
+    _, out = model(model.initial_carry(batch), batch, target=y)
+    assert out.logits.shape == (3, 16, task.vocab_size)
+    assert any("mix" in name for name, _ in model.named_parameters())
+
+
+# Gradients reach only the last transition of a step ----------------------------------------------------------
+GRAD_CALLS = {"direct": 1, "looped": 1, "hrm": 2, "trm": 3, "gram": 3}  # module calls of the last transition
+
+
+@pytest.mark.parametrize("arch", sorted(REASONERS))
+def test_gradient_only_through_the_last_transition(arch):
+    task = get_task("nqueens", n=4)
+    torch.manual_seed(0)
+    model = build_reasoner(arch, tiny(task, cycles=3, inner=2))
+    batch, y = batch_for(task)
+    calls = {"grad": 0, "no_grad": 0}
+
+    def count(module, args, output):
+        calls["grad" if output.requires_grad else "no_grad"] += 1
+
+    for module in model.modules():
+        if isinstance(module, ReasoningModule):
+            module.register_forward_hook(count)
+    carry = {k: v.clone().requires_grad_(True) for k, v in model.initial_carry(batch).items()}
+    _, out = model(carry, batch, target=y)
+    (out.logits.square().mean() + out.kl.mean()).backward()
+    assert calls["grad"] == GRAD_CALLS[arch]
+    expected_total = {"direct": 1, "looped": 3, "hrm": 3 * 2 + 3, "trm": 3 * 3, "gram": 3 * 3}[arch]
+    assert calls["grad"] + calls["no_grad"] == expected_total
+    for name, state in carry.items():
+        # Had any gradient flowed through the earlier transitions, the incoming carry would have one.
+        assert state.grad is None or not state.grad.any(), name
+    assert any(p.grad is not None and p.grad.any() for p in model.parameters())
+
+
+# GRAM --------------------------------------------------------------------------------------------------------
+def _gram(task) -> GRAMReasoner:
+    torch.manual_seed(0)
+    model = build_reasoner("gram", tiny(task))
+    for head in (model.prior, model.posterior):  # away from the zero init, so the heads depend on u
+        torch.nn.init.normal_(head.proj.weight, std=0.1)
+    return model
+
+
+def test_gram_kl_zero_when_posterior_equals_prior_and_positive_otherwise():
+    task = get_task("nqueens", n=4)
+    model = _gram(task)
+    batch, y = batch_for(task)
+    _, out = model(model.initial_carry(batch), batch, target=y)
+    assert (out.kl > 1e-3).all()
+    with torch.no_grad():
+        model.posterior.load_state_dict(model.prior.state_dict())
+        model.target_embed.weight.zero_()
+    _, out = model(model.initial_carry(batch), batch, target=y)
+    assert torch.allclose(out.kl, torch.zeros(3), atol=1e-5)
+
+
+def test_gram_samples_differ_and_deterministic_models_do_not():
+    task = get_task("nqueens", n=4)
+    batch, _ = batch_for(task, size=1)
+    for arch in sorted(REASONERS):
+        torch.manual_seed(0)
+        model = _gram(task) if arch == "gram" else build_reasoner(arch, tiny(task))
+        model.eval()
+        with torch.no_grad():
+            carry = model.initial_carry(batch)
+            first = model(carry, batch)[1].logits
+            second = model(carry, batch)[1].logits
+        assert torch.equal(first, second) != (arch == "gram"), arch
+
+
+def test_save_and_load_roundtrip(tmp_path):
+    task = get_task("nqueens", n=4)
+    model = _gram(task)
+    model.save_pretrained(tmp_path)
+    loaded = load_reasoner(tmp_path)
+    assert isinstance(loaded, GRAMReasoner)
+    assert torch.equal(loaded.h_init, model.h_init), "the fixed initial state is part of the checkpoint"
+    for (name, a), (_, b) in zip(model.state_dict().items(), loaded.state_dict().items(), strict=True):
+        assert torch.equal(a, b), name
