@@ -25,6 +25,32 @@ class ModelEntry:
     checkpoint_types: tuple[str, ...]  # ``model_type`` values of its checkpoints' config.json
 
 
+def _budget_overrides(overrides: list[str], steps: int | None, budget_minutes: float | None) -> list[str]:
+    """``--steps`` and ``--budget-minutes`` as ``train.*`` overrides after the user's own."""
+    extra = list(overrides)
+    if steps is not None:
+        extra.append(f"train.steps={steps}")
+    if budget_minutes is not None:
+        extra.append(f"train.budget_minutes={budget_minutes}")
+    return extra
+
+
+def _summary(result: Any, **counts: Any) -> dict[str, Any]:
+    """The JSON-able outcome of a training run (fields both trainers' results share, plus ``counts``)."""
+    return {
+        "out": str(result.out_dir),
+        "step": result.step,
+        "stopped": result.stopped,
+        "resumed_from": result.resumed_from,
+        "checkpoint": str(result.checkpoint) if result.checkpoint else None,
+        **counts,
+        "precision": result.precision,
+        "elapsed_s": round(result.elapsed_s, 2),
+        "final_loss": result.losses[-1] if result.losses else None,
+        "last_eval": result.last_eval,
+    }
+
+
 def _train_recurrent_depth(
     config_data: dict[str, Any],
     overrides: list[str],
@@ -37,26 +63,11 @@ def _train_recurrent_depth(
 ) -> dict[str, Any]:
     from latentloop.train.trainer import build_run_config, train
 
-    extra = list(overrides)
-    if steps is not None:
-        extra.append(f"train.steps={steps}")
-    if budget_minutes is not None:
-        extra.append(f"train.budget_minutes={budget_minutes}")
+    extra = _budget_overrides(overrides, steps, budget_minutes)
     config = build_run_config(config_data, extra, task=task, arch="recurrent-depth")
     out_dir = Path(out) if out else Path("runs") / f"{config.task.name}-{config.arch}"
     result = train(config, out_dir, progress=progress, log=log)
-    return {
-        "out": str(result.out_dir),
-        "step": result.step,
-        "stopped": result.stopped,
-        "resumed_from": result.resumed_from,
-        "checkpoint": str(result.checkpoint) if result.checkpoint else None,
-        "tokens_seen": result.tokens_seen,
-        "precision": result.precision,
-        "elapsed_s": round(result.elapsed_s, 2),
-        "final_loss": result.losses[-1] if result.losses else None,
-        "last_eval": result.last_eval,
-    }
+    return _summary(result, tokens_seen=result.tokens_seen)
 
 
 def _evaluate_recurrent_depth(run: str, depths: list[int], **options: Any) -> dict[str, Any]:
@@ -78,28 +89,16 @@ def _train_reasoner(
 ) -> dict[str, Any]:
     from latentloop.train.deep_supervision import build_reasoner_config, train_reasoner
 
-    extra = list(overrides)
-    if steps is not None:
-        extra.append(f"train.steps={steps}")
-    if budget_minutes is not None:
-        extra.append(f"train.budget_minutes={budget_minutes}")
+    extra = _budget_overrides(overrides, steps, budget_minutes)
     config = build_reasoner_config(config_data, extra, task=task, arch=arch)
     out_dir = Path(out) if out else Path("runs") / f"{config.task.name}-{config.arch}"
     result = train_reasoner(config, out_dir, progress=progress, log=log)
-    return {
-        "out": str(result.out_dir),
-        "step": result.step,
-        "stopped": result.stopped,
-        "resumed_from": result.resumed_from,
-        "checkpoint": str(result.checkpoint) if result.checkpoint else None,
-        "tokens_seen": result.examples_seen * config.model.seq_len,
-        "examples_seen": result.examples_seen,
-        "parameters": result.parameters,
-        "precision": result.precision,
-        "elapsed_s": round(result.elapsed_s, 2),
-        "final_loss": result.losses[-1] if result.losses else None,
-        "last_eval": result.last_eval,
-    }
+    return _summary(
+        result,
+        tokens_seen=result.examples_seen * config.model.seq_len,
+        examples_seen=result.examples_seen,
+        parameters=result.parameters,
+    )
 
 
 def _evaluate_reasoner(run: str, depths: list[int], **options: Any) -> dict[str, Any]:
