@@ -61,7 +61,7 @@ def test_exited_tokens_fill_skipped_slots_from_deepest_same_residue():
         k = torch.full((2, 1, 1, 2), float(slot))
         cache.hook(LayerKey("core", 0, slot), 0)(k, k)
     rows = torch.tensor([True, False])
-    cache.fill_skipped(rows, position=0, iterations_done=2, n_layers=1)
+    cache.fill_skipped(rows, position=0, iterations_done=2)
     keys = {key.slot: t for key, t in cache.keys.items()}
     # row 0 ran iterations 0 and 1: slots 2 and 3 take iteration 1's keys; row 1 keeps its own
     assert [keys[s][0, 0, 0, 0].item() for s in range(4)] == [0, 1, 1, 1]

@@ -336,7 +336,7 @@ class _Decoder:
                 exited = criterion.check(state, logits) & active
                 if bool(exited.any()):
                     used[exited] = i + 1
-                    cache.fill_skipped(exited, cache.length, i + 1, model.config.n_layers_in_recurrent_block)
+                    cache.fill_skipped(exited, cache.length, i + 1)
                     active &= ~exited
                     if not bool(active.any()):
                         break

@@ -82,7 +82,7 @@ class RecurrentKVCache:
 
         return update
 
-    def fill_skipped(self, rows: torch.Tensor, position: int, iterations_done: int, n_layers: int) -> None:
+    def fill_skipped(self, rows: torch.Tensor, position: int, iterations_done: int) -> None:
         """After ``rows`` exited at ``position`` having run ``iterations_done`` core iterations, give every
         core slot they never wrote at that position the keys and values of their deepest iteration."""
         if iterations_done < 1:
