@@ -248,6 +248,23 @@ def agreement(reference: torch.Tensor, other: torch.Tensor, prompt_len: int) -> 
 # Sections ---------------------------------------------------------------------------------------------------
 
 
+def interleaved(
+    runs: dict[str, Any], args: argparse.Namespace
+) -> tuple[dict[str, list[float]], dict[str, Any]]:
+    """Warm every variant up, then time them one after the other in each repeat: tokens/s per repeat and the
+    last output of each variant."""
+    for run in runs.values():  # warm-up (allocator, kernels)
+        timed(run, args.device, args.seed)
+    tps: dict[str, list[float]] = {name: [] for name in runs}
+    outputs: dict[str, GenerationOutput] = {}
+    for _ in range(args.repeats):
+        for name, run in runs.items():
+            out, seconds = timed(run, args.device, args.seed)
+            tps[name].append(out.new_tokens / seconds)
+            outputs[name] = out
+    return tps, outputs
+
+
 def bench_throughput(
     model: RecurrentDepthLM, prompt: torch.Tensor, args: argparse.Namespace
 ) -> dict[str, Any]:
@@ -271,15 +288,7 @@ def bench_throughput(
             )
 
         runs = {name: runner(options) for name, options in variants.items()}
-        for run in runs.values():  # warm-up (allocator, kernels)
-            timed(run, args.device, args.seed)
-        tps: dict[str, list[float]] = {name: [] for name in runs}
-        outputs: dict[str, GenerationOutput] = {}
-        for _ in range(args.repeats):
-            for name, run in runs.items():
-                out, seconds = timed(run, args.device, args.seed)
-                tps[name].append(out.new_tokens / seconds)
-                outputs[name] = out
+        tps, outputs = interleaved(runs, args)
         share = f"kv_share_{args.kv_share}"
         paired = {
             "cache_speedup_vs_no_cache": [c / n for c, n in zip(tps["cache"], tps["no_cache"], strict=True)],
@@ -382,15 +391,7 @@ def bench_exit(
         )
 
     runs = {"fixed": runner(None), **{spec: runner(spec) for spec in args.criteria}}
-    for run in runs.values():
-        timed(run, args.device, args.seed)
-    tps: dict[str, list[float]] = {name: [] for name in runs}
-    outputs: dict[str, GenerationOutput] = {}
-    for _ in range(args.repeats):
-        for name, run in runs.items():
-            out, seconds = timed(run, args.device, args.seed)
-            tps[name].append(out.new_tokens / seconds)
-            outputs[name] = out
+    tps, outputs = interleaved(runs, args)
     fixed = outputs["fixed"]
     result: dict[str, Any] = {
         "max_depth": depth,
