@@ -253,6 +253,27 @@ class ReasonerTrainResult:
     last_eval: dict[str, Any] | None = None
 
 
+def _evaluate(
+    ema: Reasoner,
+    task: Task,
+    split: dict[str, np.ndarray],
+    limit: int,
+    step: int,
+    metrics: _Metrics,
+    log: Callable[[str], None] | None,
+) -> dict[str, Any]:
+    """Held-out accuracy of the EMA weights as inference runs them (GRAM sampling its prior), logged."""
+    from latentloop.eval.reasoners import quick_accuracy
+
+    was_training = ema.training
+    record = {"kind": "eval", "step": step, **quick_accuracy(ema.eval(), task, split, limit)}
+    ema.train(was_training)
+    metrics.write(record)
+    if log:
+        log(f"eval step {step}: accuracy {record['accuracy']:.4f} (1 sample, {record['num_steps']} steps)")
+    return record
+
+
 def _choose_precision(requested: str, config: ReasonerConfig, tokens: int, device: str) -> str:
     if requested != "auto":
         return requested
@@ -320,6 +341,7 @@ def train_reasoner(
     def trainer_state() -> dict[str, Any]:
         return {"examples_seen": examples_seen, "precision": precision, "seed": tc.seed, "arch": arch}
 
+    last_eval: dict[str, Any] | None = None
     interrupt = _InterruptFlag()
     try:
         with bar, interrupt:
@@ -384,6 +406,8 @@ def train_reasoner(
                             f"  exact {record['final_exact']:.3f}  {record['examples_per_s']:.1f} ex/s"
                         )
                     window = {}
+                if tc.eval_every and tc.eval_size and step % tc.eval_every == 0 and step < end_step:
+                    last_eval = _evaluate(ema, task, data["test"], tc.eval_size, step, metrics, log)
                 if tc.checkpoint_every and step % tc.checkpoint_every == 0:
                     last_saved = save_checkpoint(
                         out, step, wrapped, optimizer, trainer_state(), tc.keep_checkpoints
@@ -396,16 +420,8 @@ def train_reasoner(
         raise
     if step != saved_step:
         last_saved = save_checkpoint(out, step, wrapped, optimizer, trainer_state(), tc.keep_checkpoints)  # type: ignore[arg-type]
-    last_eval = None
-    if stopped != "stop_at" and tc.eval_size:
-        from latentloop.eval.reasoners import quick_accuracy
-
-        last_eval = {"kind": "eval", "step": step, **quick_accuracy(ema, task, data["test"], tc.eval_size)}
-        metrics.write(last_eval)
-        if log:
-            log(
-                f"eval step {step}: accuracy {last_eval['accuracy']:.4f} (1 sample, {last_eval['num_steps']} steps)"
-            )
+    if stopped != "stop_at" and tc.eval_size and (last_eval is None or last_eval["step"] != step):
+        last_eval = _evaluate(ema, task, data["test"], tc.eval_size, step, metrics, log)
     metrics.close()
     return ReasonerTrainResult(
         out_dir=out,
