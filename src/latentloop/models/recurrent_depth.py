@@ -415,7 +415,7 @@ def load_config_json(path: Path) -> RecurrentDepthConfig:
         raise UsageError(f"{path} has no config.json")
     try:
         data = json.loads(file.read_text())
-    except (OSError, json.JSONDecodeError) as error:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise UsageError(f"{file} is not valid JSON: {error}") from None
     if not isinstance(data, dict):
         raise UsageError(f"{file} must hold a JSON object")

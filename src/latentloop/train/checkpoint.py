@@ -6,12 +6,16 @@ Layout of a run folder ``OUT/``::
     OUT/metrics.jsonl                      one JSON object per logged step / evaluation
     OUT/checkpoints/step_00000500/
         config.json, model.safetensors     the model, huginn-0125 layout (RecurrentDepthLM.save_pretrained)
-        optimizer.pt                       {"optimizer": state_dict, "torch_rng_state": uint8 tensor}
-        trainer_state.json                 step, tokens seen, python and numpy RNG states, ...
+        optimizer.pt                       {"optimizer": state_dict, "torch_rng_state": uint8 tensor,
+                                            "rank_rng": one entry of RNG states per rank}
+        trainer_state.json                 step (which is also the data position: a step's batch is a pure
+                                           function of (seed, step)), tokens seen, python and numpy RNG states
 
-A checkpoint is written into ``checkpoints/.tmp-step_XXXXXXXX`` and renamed when every file is on disk, so a
-folder named ``step_XXXXXXXX`` is complete unless something damaged it later; damage is reported as a one-line
-:class:`~latentloop.errors.UsageError` when it is loaded.
+A checkpoint is written into ``checkpoints/.tmp-step_XXXXXXXX-PID``, every file is flushed to disk, and only
+then is the folder renamed, so a folder named ``step_XXXXXXXX`` is complete unless something damaged it later;
+damage is reported as a one-line :class:`~latentloop.errors.UsageError` when it is loaded. Older checkpoints
+are pruned only after the new one is in place, so a crash at any moment leaves the last complete one. Nothing
+is unpickled: weights are safetensors and ``optimizer.pt`` is read with ``torch.load(weights_only=True)``.
 """
 
 from __future__ import annotations
@@ -99,6 +103,34 @@ def capture_rng_state() -> dict[str, Any]:
     }
 
 
+def capture_rank_rng() -> dict[str, Any]:
+    """This process's torch (CPU and current CUDA device), Python and NumPy RNG states, in a form that
+    ``torch.load(weights_only=True)`` reads back (tensors, lists, numbers)."""
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), **capture_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def restore_training_rng(
+    state: dict[str, Any], torch_state: torch.Tensor | None, rank: int = 0, world_size: int = 1
+) -> None:
+    """Restore the RNG states a checkpoint saved for this process: its own rank's when the checkpoint was
+    written by as many processes, else rank 0's (every rank draws the same numbers, so rank 0's state is the
+    state of any rank at that step, whatever the process count)."""
+    ranks = state.get("rank_rng")
+    if isinstance(ranks, list) and ranks:
+        mine = ranks[rank] if len(ranks) == world_size else ranks[0]
+        if not isinstance(mine, dict) or not isinstance(mine.get("torch"), torch.Tensor):
+            raise UsageError("checkpoint is corrupt: optimizer.pt has a malformed per-rank RNG state")
+        restore_rng_state(mine, mine["torch"])
+        cuda = mine.get("cuda")
+        if isinstance(cuda, torch.Tensor) and torch.cuda.is_available():
+            torch.cuda.set_rng_state(cuda)
+        return
+    restore_rng_state(state["rng"], torch_state)
+
+
 def restore_rng_state(state: dict[str, Any], torch_state: torch.Tensor | None = None) -> None:
     """Inverse of :func:`capture_rng_state` (and ``torch.set_rng_state`` when ``torch_state`` is given)."""
     version, internal, gauss = state["python"]
@@ -117,9 +149,11 @@ def save_checkpoint(
     optimizer: torch.optim.Optimizer,
     trainer_state: dict[str, Any],
     keep: int = 2,
+    rank_rng: list[dict[str, Any]] | None = None,
 ) -> Path:
     """Write ``OUT/checkpoints/step_XXXXXXXX`` atomically (temporary folder, then rename) and keep the newest
-    ``keep`` checkpoints (``keep <= 0`` keeps all). ``trainer_state`` gets the step and RNG states added."""
+    ``keep`` checkpoints (``keep <= 0`` keeps all). ``trainer_state`` gets the step and RNG states added;
+    ``rank_rng`` (from :func:`capture_rank_rng` on every rank) goes into ``optimizer.pt``."""
     root = Path(out_dir) / CHECKPOINTS
     root.mkdir(parents=True, exist_ok=True)
     final = root / checkpoint_name(step)
@@ -128,18 +162,26 @@ def save_checkpoint(
         shutil.rmtree(temp)
     try:
         model.save_pretrained(temp)  # type: ignore[operator]
-        torch.save(
-            {"optimizer": optimizer.state_dict(), "torch_rng_state": torch.get_rng_state()},
-            temp / "optimizer.pt",
-        )
+        saved: dict[str, Any] = {
+            "optimizer": optimizer.state_dict(),
+            "torch_rng_state": torch.get_rng_state(),
+        }
+        if rank_rng is not None:
+            saved["rank_rng"] = rank_rng
+        torch.save(saved, temp / "optimizer.pt")
         state = {**trainer_state, "step": int(step), "rng": capture_rng_state()}
         atomic_write_text(temp / "trainer_state.json", json.dumps(state))
         for file in FILES:  # flush file contents before the rename publishes the folder
             with open(temp / file, "rb") as stream:
                 os.fsync(stream.fileno())
-        if final.exists():  # re-saving the same step (e.g. a final save right after a periodic one)
-            shutil.rmtree(final)
+        old = root / f".old-{final.name}-{os.getpid()}"
+        if final.exists():
+            # A damaged folder of the same step: move it aside rather than delete it first, so that no moment
+            # exists at which neither it nor the new one is there.
+            os.replace(final, old)
         os.replace(temp, final)
+        _fsync_dir(root)  # make the rename itself durable before older checkpoints are pruned
+        shutil.rmtree(old, ignore_errors=True)
     finally:
         if temp.exists():
             shutil.rmtree(temp, ignore_errors=True)
@@ -147,10 +189,24 @@ def save_checkpoint(
     return final
 
 
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # some platforms cannot open folders; the rename is still atomic there
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 def prune_checkpoints(out_dir: str | Path, keep: int) -> None:
     """Delete all but the newest ``keep`` complete checkpoints, and temporary folders of crashed saves."""
     root = Path(out_dir) / CHECKPOINTS
-    for stale in root.glob(".tmp-step_*"):
+    stale_folders = [*root.glob(".tmp-step_*"), *root.glob(".old-step_*")]
+    for stale in stale_folders:
         pid = stale.name.rsplit("-", 1)[-1]
         if pid != str(os.getpid()):
             shutil.rmtree(stale, ignore_errors=True)
@@ -192,4 +248,6 @@ def load_training_state(
     if not isinstance(rng, dict) or not {"python", "numpy"} <= set(rng):
         raise UsageError(f"checkpoint {checkpoint} is corrupt: trainer_state.json has no RNG state")
     torch_state = saved.get("torch_rng_state") if isinstance(saved, dict) else None
+    if isinstance(saved, dict) and saved.get("rank_rng") is not None:
+        state["rank_rng"] = saved["rank_rng"]  # in memory only; see restore_training_rng
     return state, torch_state if isinstance(torch_state, torch.Tensor) else None

@@ -7,6 +7,11 @@ AdamW. Because nothing but the weights, the optimizer moments and the torch RNG 
 state) carries over between steps, a run resumed from a checkpoint reproduces the uninterrupted run's losses
 exactly on the same machine.
 
+Under ``torchrun`` the same loop runs data-parallel (see :mod:`latentloop.train.distributed`): every rank builds
+the step's global batch and keeps its slice, the initial latent state is drawn for the global batch and sliced,
+and each rank's loss is weighted by its share of the global batch's scored tokens, so the averaged gradient
+(and the logged loss) equals the single-process one up to float rounding.
+
 Configs are data: :class:`RunConfig` has sections ``model`` (:class:`RecurrentDepthConfig`), ``train``
 (:class:`TrainConfig`) and ``task`` (a name plus the task's options), loads from YAML and takes ``key=value``
 overrides such as ``model.n_embd=128 train.lr=1e-3 task.digits=3``.
@@ -36,10 +41,13 @@ from latentloop.config import apply_overrides, from_dict, load_yaml, save_yaml, 
 from latentloop.errors import UsageError
 from latentloop.models.recurrent_depth import RecurrentDepthConfig, RecurrentDepthLM
 from latentloop.tasks.base import get_task, task_class
+from latentloop.train import distributed as dist
 from latentloop.train.checkpoint import (
+    capture_rank_rng,
+    checkpoint_name,
     latest_checkpoint,
     load_training_state,
-    restore_rng_state,
+    restore_training_rng,
     save_checkpoint,
 )
 from latentloop.train.optim import build_optimizer, lr_at, set_lr
@@ -293,10 +301,15 @@ class TrainResult:
 
 
 class _Metrics:
-    """Appends JSON lines to ``metrics.jsonl`` (and TensorBoard scalars when tensorboard is importable)."""
+    """Appends JSON lines to ``metrics.jsonl`` (and TensorBoard scalars when tensorboard is importable).
+    Disabled (``enabled=False``, ranks other than 0) it writes nothing."""
 
-    def __init__(self, out_dir: Path, resume_step: int, tensorboard: bool) -> None:
+    def __init__(self, out_dir: Path, resume_step: int, tensorboard: bool, enabled: bool = True) -> None:
         self.path = out_dir / "metrics.jsonl"
+        self.stream: Any = None
+        self.writer: Any = None
+        if not enabled:
+            return
         if self.path.exists():
             # Records past the checkpoint we resume from belong to a run that died later: drop them.
             kept = []
@@ -320,6 +333,8 @@ class _Metrics:
                 self.writer = None
 
     def write(self, record: dict[str, Any]) -> None:
+        if self.stream is None:
+            return
         self.stream.write(json.dumps(record) + "\n")
         self.stream.flush()
         if self.writer is not None:
@@ -329,7 +344,8 @@ class _Metrics:
                     self.writer.add_scalar(f"{prefix}/{key}", value, record["step"])
 
     def close(self) -> None:
-        self.stream.close()
+        if self.stream is not None:
+            self.stream.close()
         if self.writer is not None:
             self.writer.close()
 
@@ -368,7 +384,10 @@ _ARCH_FIELDS = (
 
 
 def _load_model_from(checkpoint: Path, config: RecurrentDepthConfig) -> RecurrentDepthLM:
-    model = RecurrentDepthLM.from_pretrained(checkpoint)
+    try:
+        model = RecurrentDepthLM.from_pretrained(checkpoint)
+    except UnicodeDecodeError:  # a binary config.json (the loader reports text it cannot parse itself)
+        raise UsageError(f"checkpoint {checkpoint} is corrupt: config.json is not text") from None
     for name in _ARCH_FIELDS:
         if getattr(model.config, name) != getattr(config, name):
             raise UsageError(
@@ -378,6 +397,20 @@ def _load_model_from(checkpoint: Path, config: RecurrentDepthConfig) -> Recurren
     # Keep the training-time settings (depth sampling, checkpointing) of the current config.
     model.config = copy.deepcopy(config)
     return model
+
+
+def _initial_state(
+    model: RecurrentDepthLM, shape: torch.Size, init_scale: float, device: str
+) -> torch.Tensor | None:
+    """The random initial latent state ``s_0`` for the whole global batch (as
+    :meth:`RecurrentDepthLM.initialize_state` draws it), or ``None`` for zeros. Drawing it for the global batch
+    on every rank, then slicing, keeps the RNG stream and each row's draw independent of the process count."""
+    std = model.init_std * init_scale
+    if std <= 0:
+        return None
+    state = torch.zeros(*shape, model.config.n_embd, device=device)
+    torch.nn.init.trunc_normal_(state, std=std, a=-3 * std, b=3 * std)
+    return state * model.emb_scale
 
 
 def train(
@@ -393,21 +426,46 @@ def train(
     progress bar; ``log`` receives one text line per logged step (for non-interactive output). ``stop_at``
     ends this call after that many completed steps (as an interruption would), with a checkpoint, without
     changing the schedule. Raises :class:`TrainingError` when the loss stops being finite.
+
+    Launched by ``torchrun`` (``WORLD_SIZE > 1``) it trains data-parallel; only rank 0 writes to ``out_dir``
+    and logs, and every rank returns the same result.
     """
     started = time.perf_counter()
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} exists and is not a folder")
-    out.mkdir(parents=True, exist_ok=True)
     tc = config.train
     task = get_task(config.task.name, **config.task.options)
     if not hasattr(task, "train_batch"):
         raise UsageError(f"task {config.task.name!r} cannot train a language model")
     _check_fit(config, task)
-    device = resolve_device(tc.device)
+    ctx, device = dist.setup(resolve_device(tc.device))
+    try:
+        dist.check_batch(tc.batch_size, ctx)
+        return _train(config, out, task, ctx, device, started, progress, log, stop_at)
+    finally:
+        dist.shutdown(ctx)
 
+
+def _train(
+    config: RunConfig,
+    out: Path,
+    task: Any,
+    ctx: dist.DistContext,
+    device: str,
+    started: float,
+    progress: bool,
+    log: Callable[[str], None] | None,
+    stop_at: int | None,
+) -> TrainResult:
+    tc = config.train
+    if not ctx.is_main:
+        progress, log = False, None
+    out.mkdir(parents=True, exist_ok=True)
     _seed_everything(tc.seed)
-    checkpoint = latest_checkpoint(out)
+    # Rank 0 picks the checkpoint, so that all ranks resume from the same one.
+    found = dist.broadcast_object(str(latest_checkpoint(out) or ""), ctx)
+    checkpoint = Path(found) if found else None
     if checkpoint is not None:
         model = _load_model_from(checkpoint, config.model).to(device)
     else:
@@ -415,18 +473,23 @@ def train(
     model.train()
     optimizer = build_optimizer(model, tc.lr, tc.betas, tc.weight_decay, tc.eps)
     tokens_per_step = tc.batch_size * task.seq_len
-    precision = choose_precision(tc.precision, config.model, tokens_per_step, device)
+    # "auto" times matmuls, which may come out differently on each rank; rank 0's choice holds for all.
+    precision = dist.broadcast_object(
+        choose_precision(tc.precision, config.model, tokens_per_step, device), ctx
+    )
     start_step, tokens_seen = 0, 0
     if checkpoint is not None:
         state, torch_rng = load_training_state(checkpoint, optimizer)
         start_step, tokens_seen = state["step"], int(state.get("tokens_seen", 0))
-        restore_rng_state(state["rng"], torch_rng)
+        restore_training_rng(state, torch_rng, ctx.rank, ctx.world_size)
         if log:
             log(f"resuming from {checkpoint} (step {start_step})")
-    save_run_config(config, out / "config.yaml")
+    if ctx.is_main:
+        save_run_config(config, out / "config.yaml")
+    forward = dist.wrap(model, ctx, device)
 
     sampler = sampler_for(config.model, tc.seed)
-    metrics = _Metrics(out, start_step, tc.tensorboard)
+    metrics = _Metrics(out, start_step, tc.tensorboard, enabled=ctx.is_main)
     end_step = tc.steps if stop_at is None else min(tc.steps, stop_at)
     budget_s = tc.budget_minutes * 60 if tc.budget_minutes else math.inf
     autocast_device = "cuda" if device.startswith("cuda") else "cpu"
@@ -439,33 +502,68 @@ def train(
     step = start_step
     bar = _ProgressBar(enabled=progress, total=tc.steps, completed=start_step)
 
-    def trainer_state() -> dict[str, Any]:
-        return {"tokens_seen": tokens_seen, "precision": precision, "seed": tc.seed, "task": config.task.name}
+    def save(at: int) -> Path:
+        # Every rank hands its RNG states to rank 0, which alone writes the checkpoint.
+        rank_rng = dist.gather_objects(capture_rank_rng(), ctx)
+        path = out / "checkpoints" / checkpoint_name(at)
+        if ctx.is_main:
+            state = {
+                "tokens_seen": tokens_seen,
+                "precision": precision,
+                "seed": tc.seed,
+                "task": config.task.name,
+                "world_size": ctx.world_size,
+            }
+            path = save_checkpoint(out, at, model, optimizer, state, tc.keep_checkpoints, rank_rng=rank_rng)
+        dist.barrier(ctx)
+        return path
 
     interrupt = _InterruptFlag()
     try:
         with bar, interrupt:
             while step < end_step:
-                if interrupt.raised:
+                # All ranks must stop at the same step, so a signal or the budget seen by one stops all.
+                interrupted, over_budget = dist.any_rank(
+                    [interrupt.raised, time.perf_counter() - started >= budget_s], ctx
+                )
+                if interrupted:
                     # Stop between steps, so the checkpoint holds a consistent state, then let the caller know.
                     if step > saved_step:
-                        save_checkpoint(out, step, model, optimizer, trainer_state(), tc.keep_checkpoints)
+                        save(step)
                     raise KeyboardInterrupt
-                if time.perf_counter() - started >= budget_s:
+                if over_budget:
                     stopped = "budget"
                     break
                 tick = time.perf_counter()
                 lr = lr_at(step, tc.lr, tc.warmup_steps, tc.steps, tc.min_lr_ratio)
                 set_lr(optimizer, lr)
-                inputs, labels = task.train_batch(step, tc.batch_size, tc.seed)
-                inputs, labels = inputs.to(device), labels.to(device)
+                batch_inputs, batch_labels = task.train_batch(step, tc.batch_size, tc.seed)
+                init_state = _initial_state(model, batch_inputs.shape, tc.init_scale, device)
+                inputs = dist.shard(batch_inputs, ctx).to(device)
+                labels = dist.shard(batch_labels, ctx).to(device)
+                if init_state is not None:
+                    init_state = dist.shard(init_state, ctx)
                 no_grad, with_grad = sampler(step)
                 with torch.autocast(autocast_device, dtype=torch.bfloat16, enabled=precision == "bf16"):
-                    output = model(
-                        inputs, num_steps=(no_grad, with_grad), init_scale=tc.init_scale, labels=labels
+                    output = forward(
+                        inputs,
+                        num_steps=(no_grad, with_grad),
+                        init_scale=tc.init_scale,
+                        labels=labels,
+                        input_states=init_state,
                     )
                 loss = output.loss
-                loss_value = float(loss.detach())
+                if ctx.enabled:
+                    # The loss is a mean over scored tokens, which shards hold in different numbers: weight each
+                    # shard by its share, so the mean over ranks (what DDP does to gradients) is the global mean.
+                    scored = int((labels != -100).sum())
+                    share = scored / max(int((batch_labels != -100).sum()), 1)
+                    if scored == 0:  # keep the graph (DDP expects every rank's gradients) without a 0/0
+                        loss = output.logits.float().sum() * 0.0
+                    (loss_value,) = dist.all_reduce_sum([float(loss.detach()) * share], ctx)
+                    loss = loss * (share * ctx.world_size)
+                else:
+                    loss_value = float(loss.detach())
                 if not math.isfinite(loss_value):
                     raise TrainingError(
                         f"loss became {loss_value} at step {step + 1} (lr {lr:.3g}, depth {no_grad + with_grad}); "
@@ -483,7 +581,7 @@ def train(
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
                 step += 1
-                tokens_seen += inputs.numel()
+                tokens_seen += batch_inputs.numel()
                 losses.append(loss_value)
                 elapsed_step = time.perf_counter() - tick
                 for key, value in (
@@ -491,7 +589,7 @@ def train(
                     ("depth", no_grad + with_grad),
                     ("grad", float(grad_norm)),
                     ("n", 1),
-                    ("tokens", inputs.numel()),
+                    ("tokens", batch_inputs.numel()),
                     ("time", elapsed_step),
                 ):
                     window[key] += value
@@ -518,14 +616,12 @@ def train(
                         )
                     window = dict.fromkeys(window, 0.0)
                 if tc.eval_every and step % tc.eval_every == 0:
-                    last_eval = _quick_eval(model, task, config, step, precision, autocast_device)
+                    last_eval = _quick_eval(model, task, config, step, precision, autocast_device, ctx)
                     metrics.write(last_eval)
                     if log:
                         log(_format_eval(last_eval))
                 if tc.checkpoint_every and step % tc.checkpoint_every == 0:
-                    last_saved = save_checkpoint(
-                        out, step, model, optimizer, trainer_state(), tc.keep_checkpoints
-                    )
+                    last_saved = save(step)
                     saved_step = step
             if stop_at is not None and step >= stop_at and step < tc.steps:
                 stopped = "stop_at"
@@ -533,9 +629,9 @@ def train(
         metrics.close()
         raise
     if step != saved_step:
-        last_saved = save_checkpoint(out, step, model, optimizer, trainer_state(), tc.keep_checkpoints)
+        last_saved = save(step)
     if stopped != "stop_at" and (last_eval is None or last_eval["step"] != step) and tc.eval_size:
-        last_eval = _quick_eval(model, task, config, step, precision, autocast_device)
+        last_eval = _quick_eval(model, task, config, step, precision, autocast_device, ctx)
         metrics.write(last_eval)
         if log:
             log(_format_eval(last_eval))
@@ -554,20 +650,64 @@ def train(
     )
 
 
+class _RankBatches:
+    """A task whose held-out batches are this rank's share: batch ``i`` goes to rank ``i % world_size``."""
+
+    def __init__(self, task: Any, ctx: dist.DistContext) -> None:
+        self._task, self._ctx, self.batches = task, ctx, 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._task, name)
+
+    def heldout_batches(self, batch_size: int, limit: int | None = None) -> Any:
+        for i, batch in enumerate(self._task.heldout_batches(batch_size, limit)):
+            if i % self._ctx.world_size == self._ctx.rank:
+                self.batches += 1
+                yield batch
+
+
 def _quick_eval(
-    model: RecurrentDepthLM, task: Any, config: RunConfig, step: int, precision: str, device: str
+    model: RecurrentDepthLM,
+    task: Any,
+    config: RunConfig,
+    step: int,
+    precision: str,
+    device: str,
+    ctx: dist.DistContext = dist.SINGLE,
 ) -> dict[str, Any]:
-    """Held-out metric at the mean training depth on ``train.eval_size`` examples (deterministic: zero init)."""
+    """Held-out metric at the mean training depth on ``train.eval_size`` examples (deterministic: zero init).
+    With several processes each rank evaluates its share of the batches and the counts are summed."""
     from latentloop.eval.lm import heldout_metric
 
     depth = config.model.mean_recurrence
     was_training = model.training
     model.eval()
-    with torch.autocast(device, dtype=torch.bfloat16, enabled=precision == "bf16"):
-        value = heldout_metric(
-            model, task, depth, batch_size=config.train.eval_batch_size, limit=config.train.eval_size
-        )
-    model.train(was_training)
+    shard = _RankBatches(task, ctx) if ctx.enabled else task
+    value: dict[str, Any] | None
+    try:
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=precision == "bf16"):
+            value = heldout_metric(
+                model, shard, depth, batch_size=config.train.eval_batch_size, limit=config.train.eval_size
+            )
+    except UsageError:
+        if not ctx.enabled or shard.batches:
+            raise
+        value = None  # this rank's share is empty: it adds nothing to the sums below
+    finally:
+        model.train(was_training)
+    if ctx.enabled:
+        if task.metric == "exact_match":
+            correct, total = dist.all_reduce_sum(
+                [value["exact_match"] * value["n"], value["n"]] if value else [0.0, 0.0], ctx
+            )
+            value = {"exact_match": round(correct) / total, "n": int(total)}
+        else:
+            nll, count = dist.all_reduce_sum(
+                [value["loss"] * value["tokens"], value["tokens"]] if value else [0.0, 0.0], ctx
+            )
+            loss = nll / count
+            value = {"perplexity": math.exp(min(loss, 700.0)), "loss": loss, "tokens": int(count)}
+    assert value is not None
     return {"kind": "eval", "step": step, "num_steps": depth, **value}
 
 

@@ -1,0 +1,122 @@
+"""``latentloop train`` on a damaged run folder, a run folder of another model, or an impossible config: one
+``error:`` line, exit 2, and nothing in the run folder changed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from latentloop.cli import main
+from latentloop.train.checkpoint import latest_checkpoint
+from latentloop.train.deep_supervision import build_reasoner_config, train_reasoner
+from latentloop.train.trainer import build_run_config, train
+from tests.train.conftest import TINY
+
+LM = {**TINY, "train": {**TINY["train"], "steps": 2, "eval_size": 0}}
+REASONER = {
+    "arch": "trm",
+    "model": {"dim": 16, "n_heads": 2, "n_layers": 1, "hidden": 32, "n_sup": 1, "cycles": 1, "inner": 1},
+    "train": {"batch_size": 4, "steps": 1, "precision": "fp32", "device": "cpu", "eval_size": 0},
+    "task": {"name": "nqueens", "n": 5},
+}
+
+
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _train(capsys, config: Path, out: Path, *extra: str) -> str:
+    code = main(["train", "--config", str(config), "--out", str(out), "-q", *extra])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2, err
+    assert len(err) == 1 and err[0].startswith("error: "), err
+    return err[0]
+
+
+@pytest.fixture(scope="module")
+def lm_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("lm") / "run"
+    train(build_run_config(LM), out)
+    return out
+
+
+@pytest.fixture
+def lm_config(tmp_path):
+    path = tmp_path / "lm.yaml"
+    path.write_text(yaml.safe_dump({**LM, "train": {**LM["train"], "steps": 4}}))
+    return path
+
+
+def _damaged_copy(lm_run: Path, tmp_path: Path) -> tuple[Path, Path]:
+    import shutil
+
+    out = tmp_path / "run"
+    shutil.copytree(lm_run, out)
+    return out, latest_checkpoint(out)
+
+
+@pytest.mark.parametrize(
+    ("file", "damage", "message"),
+    [
+        ("model.safetensors", "truncate", "model.safetensors"),
+        ("model.safetensors", "garbage", "model.safetensors"),
+        ("optimizer.pt", "truncate", "corrupt: optimizer.pt"),
+        ("optimizer.pt", "garbage", "corrupt: optimizer.pt"),
+        ("trainer_state.json", "truncate", "corrupt: trainer_state.json"),
+        ("config.json", "garbage", "config.json"),
+    ],
+)
+def test_a_damaged_checkpoint_is_one_line_and_changes_nothing(
+    lm_run, lm_config, tmp_path, capsys, file, damage, message
+):
+    out, checkpoint = _damaged_copy(lm_run, tmp_path)
+    data = (checkpoint / file).read_bytes()
+    (checkpoint / file).write_bytes(
+        data[: len(data) // 2] if damage == "truncate" else b"\x80\x02garbage" * 9
+    )
+    before = _snapshot(out)
+    line = _train(capsys, lm_config, out)
+    assert message in line
+    assert _snapshot(out) == before
+
+
+def test_a_checkpoint_of_another_model_is_refused(tmp_path, lm_config, capsys):
+    out = tmp_path / "puzzle"
+    train_reasoner(build_reasoner_config(REASONER), out)
+    before = _snapshot(out)
+    _train(capsys, lm_config, out)
+    assert _snapshot(out) == before
+
+
+def test_a_checkpoint_of_another_size_is_refused(lm_run, lm_config, tmp_path, capsys):
+    out, _ = _damaged_copy(lm_run, tmp_path)
+    before = _snapshot(out)
+    assert "model.n_embd=32" in _train(capsys, lm_config, out, "model.n_embd=64")
+    assert _snapshot(out) == before
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "train.batch_size=0",
+        "train.lr=-1",
+        "train.steps=many",
+        "train.precision=fp8",
+        "model.vocab_size=3",
+        "train.keep_checkpoints=[1]",
+        "task.digits=-2",
+    ],
+)
+def test_an_impossible_config_value_writes_nothing(lm_config, tmp_path, capsys, override):
+    out = tmp_path / "fresh"
+    _train(capsys, lm_config, out, override)
+    assert not out.exists()
+
+
+def test_a_config_file_that_is_not_a_mapping(tmp_path, capsys):
+    config = tmp_path / "bad.yaml"
+    config.write_text("- just\n- a list\n")
+    _train(capsys, config, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
