@@ -1,25 +1,68 @@
-"""Output heads shared by every reasoner: the halting Q-head and the value head (latent process reward model)."""
+"""Output heads shared by every reasoner: the halting Q-head and the value head (latent process reward model).
+
+Halting comes in two variants (``model.halting``, :data:`HALTING`):
+
+- ``bce`` (TRM/GRAM's simple ACT): ``q_halt`` is trained with BCE against "the current answer is fully
+  correct"; inference halts once ``sigmoid(q_halt) > 0.5``.
+- ``q-learning`` (HRM's ACT): ``q_halt`` has the same target, and ``q_continue`` is trained with BCE against a
+  target bootstrapped from the next supervision step (:func:`continue_target`); inference halts once
+  ``q_halt > q_continue``.
+"""
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from torch import nn
 
+HALTING = ("bce", "q-learning")
+_INITIAL_BIAS = -5.0
+
 
 class HaltHead(nn.Module):
-    """``q_halt`` from the state of the first position (HRM/TRM/GRAM's Q-head): one logit per sample.
+    """``(q_halt, q_continue)`` from the state of the first position (HRM/TRM/GRAM's Q-head): one logit each
+    per sample.
 
-    Starts strongly negative (bias -5, zero weights, as in HRM) so that early in training nothing halts.
+    Both start strongly negative (bias -5, zero weights, as in HRM) so that early in training nothing halts.
+    ``q_continue`` is only trained under Q-learning halting; a checkpoint saved before it existed loads with
+    it at its initial values.
     """
 
     def __init__(self, dim: int) -> None:
         super().__init__()
-        self.proj = nn.Linear(dim, 1)
-        nn.init.zeros_(self.proj.weight)
-        nn.init.constant_(self.proj.bias, -5.0)
+        self.proj = nn.Linear(dim, 1)  # q_halt (its name is the one older checkpoints hold)
+        self.continue_proj = nn.Linear(dim, 1)  # q_continue
+        for layer in (self.proj, self.continue_proj):
+            nn.init.zeros_(layer.weight)
+            nn.init.constant_(layer.bias, _INITIAL_BIAS)
+        self.register_load_state_dict_pre_hook(_fill_missing_continue_head)
 
-    def forward(self, state: torch.Tensor) -> torch.Tensor:
-        return self.proj(state[:, 0].float()).squeeze(-1)
+    def forward(self, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        first = state[:, 0].float()
+        return self.proj(first).squeeze(-1), self.continue_proj(first).squeeze(-1)
+
+
+def _fill_missing_continue_head(module: HaltHead, state_dict: dict[str, Any], prefix: str, *_: Any) -> None:
+    # Weights written before the head had a q_continue output: keep its initial values, so loading stays
+    # strict about every other key.
+    for name in ("weight", "bias"):
+        key = f"{prefix}continue_proj.{name}"
+        if key not in state_dict and f"{prefix}proj.{name}" in state_dict:
+            state_dict[key] = getattr(module.continue_proj, name).detach().clone()
+
+
+def continue_target(q_halt_next: torch.Tensor, q_continue_next: torch.Tensor, last: bool) -> torch.Tensor:
+    """HRM's bootstrapped target for ``q_continue`` of a supervision step, from the Q logits of the *next*
+    step (run without gradient from this step's carry).
+
+    Continuing is worth what the best action of the next step is worth, ``sigmoid(max(q_halt', q_continue'))``.
+    At the last supervision step (``last``) continuing runs past ``n_sup``, where the model has to halt, so the
+    target is ``sigmoid(q_halt')``.
+    """
+    q_halt_next, q_continue_next = q_halt_next.float(), q_continue_next.float()
+    best = q_halt_next if last else torch.maximum(q_halt_next, q_continue_next)
+    return torch.sigmoid(best)
 
 
 class ValueHead(nn.Module):
