@@ -1,0 +1,96 @@
+"""latentloop CLI: ``run``, the shipped experiments end to end (train, evaluate, report)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import sys
+from pathlib import Path
+
+import typer
+
+from latentloop.cli.app import app
+
+
+def update_results_file(path: Path, experiment: str, section: str) -> None:
+    """Replace (or append) ``experiment``'s section of a results file such as ``docs/RESULTS.md``.
+
+    Sections sit between ``<!-- experiment: NAME -->`` and ``<!-- /experiment: NAME -->`` markers, so other
+    experiments' sections and any text around them are kept.
+    """
+    from latentloop.io import atomic_write_text
+
+    begin, end = f"<!-- experiment: {experiment} -->", f"<!-- /experiment: {experiment} -->"
+    block = f"{begin}\n{section.rstrip()}\n{end}"
+    text = path.read_text() if path.is_file() else "# Results\n"
+    pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.DOTALL)
+    text = (
+        pattern.sub(lambda _: block, text) if pattern.search(text) else text.rstrip() + "\n\n" + block + "\n"
+    )
+    atomic_write_text(path, text)
+
+
+@app.command("run")
+def run_command(
+    experiment: str = typer.Argument(
+        None, help="A shipped experiment (see --list) or an experiment YAML file."
+    ),
+    out: str = typer.Option(None, "--out", help="Output folder (default: runs/EXPERIMENT)."),
+    budget_minutes: str = typer.Option(
+        None, "--budget-minutes", help="Training time of the whole experiment, split between its models."
+    ),
+    list_only: bool = typer.Option(False, "--list", help="List the shipped experiments and exit."),
+    report: str = typer.Option(None, "--report", help="Also write this experiment's section into FILE.md."),
+    json_output: bool = typer.Option(False, "--json", help="Print the results as JSON."),
+) -> None:
+    """Run an experiment: train its models under one budget, evaluate depth and width scaling, write a report
+    (report.md, results.json, curves.png). Running it again resumes and skips finished parts."""
+    from latentloop.experiments import (
+        DEFAULT_EXPERIMENT,
+        available_experiments,
+        load_experiment,
+        report_markdown,
+        run_experiment,
+        summary_rows,
+    )
+
+    if list_only:
+        for name in available_experiments():
+            spec = load_experiment(name)
+            minutes = f"~{spec.expected_minutes:g} min" if spec.expected_minutes else ""
+            typer.echo(
+                f"{name:<18} {minutes:>10}  {spec.description.splitlines()[0] if spec.description else ''}"
+            )
+        return
+    budget = None
+    if budget_minutes is not None:
+        from latentloop.experiments import positive_number
+
+        budget = positive_number(budget_minutes, "--budget-minutes")
+    spec = load_experiment(experiment or DEFAULT_EXPERIMENT)
+    out_dir = Path(out) if out else Path("runs") / spec.name
+
+    def log(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    results = run_experiment(spec, out_dir, budget_minutes=budget, progress=not json_output, log=log)
+    if report:
+        words = ["latentloop", "run", experiment or spec.name, "--out", str(out_dir), "--report", report]
+        if budget is not None:
+            words += ["--budget-minutes", f"{budget:g}"]
+        command = " ".join(shlex.quote(w) for w in words)
+        update_results_file(Path(report), spec.name, report_markdown(results, command))
+    if json_output:
+        typer.echo(json.dumps(results))
+        return
+    typer.echo(f"{'model':<8} {'params':>9} {'acc@1':>7} {'vote':>7} {'value':>7} {'coverage':>9}")
+    for row in summary_rows(results):
+        cells = [row["accuracy_1_sample"], row["accuracy_vote"], row["accuracy_value"], row["coverage"]]
+        text = [("-" if c is None else f"{100 * c:.1f}") for c in cells]
+        typer.echo(
+            f"{row['model']:<8} {row['parameters']:>9,} {text[0]:>7} {text[1]:>7} {text[2]:>7} {text[3]:>9}"
+        )
+    typer.echo(f"report: {out_dir / 'report.md'}")
+    if report:
+        typer.echo(f"updated {report}")

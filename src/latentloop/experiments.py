@@ -1,0 +1,386 @@
+"""Shipped experiments: train several reasoners on one task under one budget, evaluate them alike, report.
+
+An experiment is a YAML file in ``configs/experiments/``::
+
+    description: N-Queens 8x8 under the GRAM protocol ...
+    budget_minutes: 10          # training wall-clock per model (``--budget-minutes`` sets the total instead)
+    models:                     # name -> run config (relative to this file) and key=value overrides
+      gram: {config: ../nqueens8-gram.yaml}
+      trm: {config: ../nqueens8-trm.yaml, overrides: [train.lr=5e-4]}
+    eval: {samples: 20, steps: 16, limit: 200}
+    paper: {gram: {accuracy: 99.7, coverage: 90.3}}   # the paper's numbers, shown beside ours
+
+:func:`run_experiment` trains each model in ``OUT/<model>`` (resuming an interrupted run; a finished run is not
+trained again), evaluates it on the test split with depth (steps ``1..steps``) and width (samples
+``1..samples``) curves, and writes ``results.json``, ``report.md`` and ``curves.png`` in ``OUT``. Every
+number in the report comes from ``results.json``, which in turn holds each run's ``eval.json``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import platform
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from latentloop.config import load_yaml
+from latentloop.errors import UsageError
+from latentloop.io import atomic_path, atomic_write_text
+
+EXPERIMENTS_DIR = Path(__file__).resolve().parents[2] / "configs" / "experiments"
+DEFAULT_EXPERIMENT = "default"
+
+
+@dataclass
+class ModelSpec:
+    """One row of an experiment: a run config and overrides applied on top of it."""
+
+    name: str
+    config: Path
+    overrides: list[str] = field(default_factory=list)
+
+
+@dataclass
+class EvalSpec:
+    """How every model of an experiment is evaluated."""
+
+    samples: int = 20
+    steps: int = 16
+    limit: int | None = None
+    select: str = "vote"
+
+
+@dataclass
+class Experiment:
+    """A parsed experiment file."""
+
+    name: str
+    path: Path
+    description: str
+    budget_minutes: float
+    models: list[ModelSpec]
+    eval: EvalSpec
+    paper: dict[str, dict[str, float]]
+    paper_note: str = ""
+    expected_minutes: float | None = None
+
+
+def available_experiments(folder: Path = EXPERIMENTS_DIR) -> list[str]:
+    """Names of the shipped experiments."""
+    return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
+
+
+def positive_number(value: Any, name: str) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise UsageError(f"{name} must be a positive number, got {value!r}") from None
+    if not math.isfinite(number) or number <= 0:
+        raise UsageError(f"{name} must be a positive number, got {value!r}")
+    return number
+
+
+def load_experiment(name_or_path: str) -> Experiment:
+    """An experiment by shipped name (``nqueens8``) or YAML path, validated with one-line errors."""
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = EXPERIMENTS_DIR / f"{name_or_path}.yaml"
+        if not path.is_file():
+            known = ", ".join(available_experiments()) or "none"
+            raise UsageError(f"unknown experiment {name_or_path!r} (known: {known})")
+    data = load_yaml(path)
+    models = data.get("models")
+    if not isinstance(models, dict) or not models:
+        raise UsageError(f"{path}: 'models' must map model names to {{config: FILE}}")
+    specs = []
+    for model, entry in models.items():
+        if not isinstance(entry, dict) or "config" not in entry:
+            raise UsageError(f"{path}: models.{model} needs a 'config' file")
+        config = (path.parent / str(entry["config"])).resolve()
+        if not config.is_file():
+            raise UsageError(f"{path}: models.{model}.config {config} does not exist")
+        overrides = [str(o) for o in entry.get("overrides") or []]
+        specs.append(ModelSpec(str(model), config, overrides))
+    raw_eval = data.get("eval") or {}
+    unknown = set(raw_eval) - {"samples", "steps", "limit", "select"}
+    if unknown:
+        raise UsageError(f"{path}: unknown eval keys {', '.join(sorted(unknown))}")
+    evaluation = EvalSpec(**raw_eval)
+    for key in ("samples", "steps"):
+        if int(getattr(evaluation, key)) < 1:
+            raise UsageError(f"{path}: eval.{key} must be at least 1")
+    expected = data.get("expected_minutes")
+    return Experiment(
+        name=path.stem,
+        path=path,
+        description=str(data.get("description", "")).strip(),
+        budget_minutes=positive_number(data.get("budget_minutes", 10), f"{path}: budget_minutes"),
+        models=specs,
+        eval=evaluation,
+        paper={str(k): dict(v) for k, v in (data.get("paper") or {}).items()},
+        paper_note=str(data.get("paper_note", "")).strip(),
+        expected_minutes=float(expected) if expected is not None else None,
+    )
+
+
+# Running -------------------------------------------------------------------------------------------------------
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    atomic_write_text(path, json.dumps(data, indent=1) + "\n")
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _check_writable(out: Path) -> None:
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as error:
+        raise UsageError(f"cannot write to output folder {out}: {error.strerror or error}") from None
+
+
+def _train_model(
+    spec: ModelSpec, folder: Path, minutes: float, progress: bool, log: Callable[[str], None]
+) -> dict[str, Any]:
+    """Train (or resume) one model; its summary is stored in ``train.json`` once training has finished."""
+    from latentloop.train.deep_supervision import build_reasoner_config, train_reasoner
+
+    done = _read_json(folder / "train.json")
+    if done is not None and done.get("budget_minutes") == minutes:
+        log(f"{spec.name}: trained already ({done['step']} batches), skipping")
+        return done
+    config = build_reasoner_config(
+        load_yaml(spec.config), [*spec.overrides, f"train.budget_minutes={minutes}"]
+    )
+    log(f"{spec.name}: training for up to {minutes:g} min in {folder}")
+    result = train_reasoner(config, folder, progress=progress, log=None)
+    summary = {
+        "model": spec.name,
+        "arch": config.arch,
+        "config": str(spec.config),
+        "overrides": spec.overrides,
+        "budget_minutes": minutes,
+        "parameters": result.parameters,
+        "step": result.step,
+        "stopped": result.stopped,
+        "examples_seen": result.examples_seen,
+        "train_minutes": round(result.elapsed_s / 60, 2),
+        "precision": result.precision,
+        "final_loss": result.losses[-1] if result.losses else None,
+    }
+    _write_json(folder / "train.json", summary)
+    return summary
+
+
+def _evaluate_model(spec: ModelSpec, folder: Path, settings: EvalSpec, log: Callable[[str], None]) -> dict:
+    from latentloop.eval.reasoners import evaluate_reasoner
+
+    wanted = {"samples": settings.samples, "steps": settings.steps, "select": settings.select}
+    report = _read_json(folder / "eval.json")
+    if (
+        report is not None
+        and all(report.get(k) == v for k, v in wanted.items())
+        and report.get("limit") == (settings.limit)
+    ):
+        log(f"{spec.name}: evaluated already, skipping")
+        return report
+    log(f"{spec.name}: evaluating ({settings.samples} samples, steps 1..{settings.steps})")
+    report = evaluate_reasoner(
+        folder, samples=settings.samples, steps=settings.steps, select=settings.select, limit=settings.limit
+    )
+    report["limit"] = settings.limit
+    _write_json(folder / "eval.json", report)
+    return report
+
+
+def machine() -> dict[str, Any]:
+    """What the numbers were measured on."""
+    import torch
+
+    return {
+        "cpus": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "device": "cuda" if torch.cuda.is_available() else "cpu",
+    }
+
+
+def run_experiment(
+    experiment: Experiment,
+    out: str | Path,
+    budget_minutes: float | None = None,
+    progress: bool = True,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Train and evaluate every model of ``experiment`` into ``out``; returns the results (also written).
+
+    ``budget_minutes`` is the training time of the whole experiment, split equally between its models; by
+    default each model gets the experiment's ``budget_minutes``.
+    """
+    out = Path(out)
+    if budget_minutes is not None:
+        per_model = positive_number(budget_minutes, "--budget-minutes") / len(experiment.models)
+    else:
+        per_model = experiment.budget_minutes
+    _check_writable(out)
+    started = datetime.datetime.now(datetime.timezone.utc)
+    rows: dict[str, Any] = {}
+    for spec in experiment.models:
+        folder = out / spec.name
+        train = _train_model(spec, folder, round(per_model, 4), progress, log)
+        report = _evaluate_model(spec, folder, experiment.eval, log)
+        rows[spec.name] = {"train": train, "eval": report}
+    results = {
+        "experiment": experiment.name,
+        "description": experiment.description,
+        "file": str(experiment.path),
+        "date": started.strftime("%Y-%m-%d"),
+        "machine": machine(),
+        "budget_minutes_per_model": round(per_model, 4),
+        "eval": vars(experiment.eval),
+        "models": rows,
+        "paper": experiment.paper,
+        "paper_note": experiment.paper_note,
+    }
+    _write_json(out / "results.json", results)
+    atomic_write_text(out / "report.md", report_markdown(results))
+    plot_results(results, out / "curves.png")
+    return results
+
+
+# Reporting -----------------------------------------------------------------------------------------------------
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}"
+
+
+def summary_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """One flat row per model: the headline numbers of the table."""
+    rows = []
+    for name, row in results["models"].items():
+        report, train = row["eval"], row["train"]
+        by_select = report.get("accuracy_by_select", {})
+        rows.append(
+            {
+                "model": name,
+                "parameters": train["parameters"],
+                "train_minutes": train["train_minutes"],
+                "batches": train["step"],
+                "examples_seen": train["examples_seen"],
+                "accuracy_vote": by_select.get("vote"),
+                "accuracy_value": by_select.get("value"),
+                "accuracy_1_sample": report["curve_samples"][0]["vote"],
+                "coverage": report.get("coverage"),
+                "conflicts_total": report.get("conflicts_total"),
+            }
+        )
+    return rows
+
+
+def report_markdown(results: dict[str, Any], command: str | None = None) -> str:
+    """The experiment's table (ours beside the paper's) and its curves as Markdown."""
+    ev = results["eval"]
+    rows = summary_rows(results)
+    has_cov = any(r["coverage"] is not None for r in rows)
+    has_conf = any(r["conflicts_total"] is not None for r in rows)
+    first = next(iter(results["models"].values()))["eval"]
+    lines = [
+        f"## {results['experiment']}",
+        "",
+        results["description"],
+        "",
+        f"Measured on {results['date']} ({results['machine']['cpus']} CPUs, torch {results['machine']['torch']}, "
+        f"{results['machine']['device']}); training budget {results['budget_minutes_per_model']:g} min of "
+        f"wall-clock per model; {first['puzzles']} test puzzles, {ev['samples']} samples, {ev['steps']} steps.",
+    ]
+    if command:
+        lines += ["", f"Command: `{command}`"]
+    header = "| model | parameters | trained (min / batches) | accuracy, 1 sample | accuracy, vote | accuracy, value |"
+    rule = "|---|---|---|---|---|---|"
+    if has_cov:
+        header, rule = header + " coverage |", rule + "---|"
+    if has_conf:
+        header, rule = header + " conflicts (total) |", rule + "---|"
+    if results["paper"]:
+        header, rule = header + " paper |", rule + "---|"
+    lines += ["", header, rule]
+    for r in rows:
+        line = (
+            f"| {r['model']} | {r['parameters']:,} | {r['train_minutes']:.1f} / {r['batches']} | "
+            f"{_pct(r['accuracy_1_sample'])} | {_pct(r['accuracy_vote'])} | {_pct(r['accuracy_value'])} |"
+        )
+        if has_cov:
+            line += f" {_pct(r['coverage'])} |"
+        if has_conf:
+            line += " - |" if r["conflicts_total"] is None else f" {r['conflicts_total']} |"
+        if results["paper"]:
+            paper = results["paper"].get(r["model"], {})
+            line += " " + (" / ".join(f"{k} {v:g}" for k, v in paper.items()) or "-") + " |"
+        lines.append(line)
+    lines += ["", "Accuracy (vote) against supervision steps:", ""]
+    steps = [p["steps"] for p in first["curve_steps"]]
+    lines += ["| model | " + " | ".join(str(s) for s in steps) + " |", "|---|" + "---|" * len(steps)]
+    for name, row in results["models"].items():
+        lines.append(
+            f"| {name} | " + " | ".join(_pct(p["accuracy"]) for p in row["eval"]["curve_steps"]) + " |"
+        )
+    lines += ["", "Against samples (last step): vote / value" + (" / coverage" if has_cov else ""), ""]
+    ks = [p["samples"] for p in first["curve_samples"]]
+    lines += ["| model | " + " | ".join(str(k) for k in ks) + " |", "|---|" + "---|" * len(ks)]
+    for name, row in results["models"].items():
+        cells = []
+        for p in row["eval"]["curve_samples"]:
+            parts = [_pct(p["vote"]), _pct(p["value"])] + ([_pct(p.get("coverage"))] if has_cov else [])
+            cells.append(" / ".join(parts))
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    if results.get("paper_note"):
+        lines += ["", results["paper_note"]]
+    return "\n".join(lines) + "\n"
+
+
+def plot_results(results: dict[str, Any], path: Path) -> None:
+    """Accuracy against steps, accuracy against samples and coverage against samples, every model."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = results["models"]
+    has_cov = any("coverage" in row["eval"] for row in models.values())
+    panels = 3 if has_cov else 2
+    fig, axes = plt.subplots(1, panels, figsize=(4.2 * panels, 3.6))
+    for name, row in models.items():
+        report = row["eval"]
+        axes[0].plot(
+            [p["steps"] for p in report["curve_steps"]], [p["accuracy"] for p in report["curve_steps"]], "o-",
+            label=name, markersize=3,
+        )  # fmt: skip
+        ks = [p["samples"] for p in report["curve_samples"]]
+        axes[1].plot(ks, [p["value"] for p in report["curve_samples"]], "o-", label=name, markersize=3)
+        if has_cov and "coverage" in report:
+            axes[2].plot(ks, [p["coverage"] for p in report["curve_samples"]], "o-", label=name, markersize=3)
+    axes[0].set(xlabel="supervision steps", ylabel="accuracy (vote)", title="depth")
+    axes[1].set(xlabel="samples", ylabel="accuracy (value head)", title="width")
+    if has_cov:
+        axes[2].set(xlabel="samples", ylabel="coverage", title="distinct solutions found")
+    for ax in axes:
+        ax.set_ylim(-0.02, 1.02)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(results["experiment"])
+    fig.tight_layout()
+    with atomic_path(path) as temp:
+        fig.savefig(temp, format="png", dpi=110)
+    plt.close(fig)

@@ -1,0 +1,155 @@
+"""Experiments: train every model under one budget, evaluate alike, report; resume skips finished parts."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from latentloop.cli import main
+from latentloop.errors import UsageError
+from latentloop.experiments import available_experiments, load_experiment, run_experiment
+
+TINY_MODEL = {"dim": 16, "n_heads": 2, "n_layers": 1, "hidden": 32, "n_sup": 2, "cycles": 2, "inner": 2}
+TINY_TRAIN = {
+    "lr": 3e-3,
+    "warmup_steps": 2,
+    "batch_size": 8,
+    "steps": 3,
+    "precision": "fp32",
+    "device": "cpu",
+    "log_every": 1,
+    "eval_size": 0,
+    "checkpoint_every": 0,
+    "tensorboard": False,
+}
+
+
+def write_experiment(folder, **changes):
+    for arch in ("gram", "trm"):
+        run = {"arch": arch, "model": TINY_MODEL, "train": TINY_TRAIN, "task": {"name": "nqueens", "n": 5}}
+        (folder / f"{arch}.yaml").write_text(yaml.safe_dump(run))
+    spec = {
+        "description": "tiny",
+        "budget_minutes": 5,
+        "models": {"gram": {"config": "gram.yaml"}, "trm": {"config": "trm.yaml"}},
+        "eval": {"samples": 3, "steps": 2, "limit": 4},
+        "paper": {"gram": {"accuracy": 99.7, "coverage": 90.3}},
+        **changes,
+    }
+    path = folder / "tiny.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def test_experiment_trains_evaluates_and_reports(tmp_path):
+    experiment = load_experiment(str(write_experiment(tmp_path)))
+    results = run_experiment(experiment, tmp_path / "out", progress=False, log=lambda _: None)
+    assert set(results["models"]) == {"gram", "trm"}
+    for name, row in results["models"].items():
+        assert row["train"]["step"] == 3 and row["train"]["stopped"] == "steps"
+        assert row["eval"]["samples"] == 3 and len(row["eval"]["curve_steps"]) == 2
+        assert (tmp_path / "out" / name / "eval.json").is_file()
+    saved = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert saved["models"]["gram"]["eval"]["accuracy"] == results["models"]["gram"]["eval"]["accuracy"]
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "| gram |" in report and "| trm |" in report and "99.7" in report
+    assert (tmp_path / "out" / "curves.png").stat().st_size > 0
+
+
+def test_second_run_skips_finished_parts(tmp_path):
+    experiment = load_experiment(str(write_experiment(tmp_path)))
+    run_experiment(experiment, tmp_path / "out", progress=False, log=lambda _: None)
+    mtimes = {p: p.stat().st_mtime_ns for p in (tmp_path / "out").glob("*/eval.json")}
+    lines: list[str] = []
+    run_experiment(experiment, tmp_path / "out", progress=False, log=lines.append)
+    assert sum("skipping" in line for line in lines) == 4  # two models, train and eval each
+    assert {p: p.stat().st_mtime_ns for p in mtimes} == mtimes
+
+
+def test_interrupted_model_resumes_from_its_checkpoint(tmp_path):
+    from latentloop.train.deep_supervision import build_reasoner_config, train_reasoner
+
+    experiment = load_experiment(str(write_experiment(tmp_path)))
+    gram = experiment.models[0]
+    config = build_reasoner_config(yaml.safe_load(gram.config.read_text()))
+    train_reasoner(config, tmp_path / "out" / "gram", stop_at=2)  # as if killed after two batches
+    results = run_experiment(experiment, tmp_path / "out", progress=False, log=lambda _: None)
+    metrics = [json.loads(x) for x in (tmp_path / "out" / "gram" / "metrics.jsonl").read_text().splitlines()]
+    assert results["models"]["gram"]["train"]["step"] == 3
+    assert [m["step"] for m in metrics if m["kind"] == "train"] == [1, 2, 3]  # batch 3 only was added
+
+
+def test_budget_is_split_between_models(tmp_path):
+    experiment = load_experiment(str(write_experiment(tmp_path)))
+    results = run_experiment(
+        experiment, tmp_path / "out", budget_minutes=3, progress=False, log=lambda _: None
+    )
+    assert results["budget_minutes_per_model"] == 1.5
+    assert results["models"]["trm"]["train"]["budget_minutes"] == 1.5
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"models": {}}, "'models'"),
+        ({"models": {"gram": {"config": "missing.yaml"}}}, "does not exist"),
+        ({"budget_minutes": -1}, "positive number"),
+        ({"eval": {"samples": 0}}, "eval.samples"),
+        ({"eval": {"sample": 3}}, "unknown eval keys"),
+    ],
+)
+def test_bad_experiment_files_are_usage_errors(tmp_path, changes, message):
+    with pytest.raises(UsageError, match=message):
+        load_experiment(str(write_experiment(tmp_path, **changes)))
+
+
+def test_shipped_experiments_load():
+    names = available_experiments()
+    assert {"default", "nqueens8", "graph-coloring8"} <= set(names)
+    for name in names:
+        experiment = load_experiment(name)
+        assert experiment.models and experiment.expected_minutes
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["run", "no-such-experiment"], "unknown experiment"),
+        (["run", "default", "--budget-minutes", "abc"], "positive number"),
+        (["run", "default", "--budget-minutes", "0"], "positive number"),
+        (["run", "default", "--budget-minutes", "nan"], "positive number"),
+    ],
+)
+def test_run_rejects_bad_input_with_one_line(args, message, capsys):
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error:") and message in err and "\n" not in err
+
+
+def test_run_rejects_unwritable_output_folder(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert main(["run", str(write_experiment(tmp_path)), "--out", str(blocker / "sub")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: cannot write to output folder") and "\n" not in err
+
+
+def test_run_lists_experiments(capsys):
+    assert main(["run", "--list"]) == 0
+    out = capsys.readouterr().out
+    assert "nqueens8" in out and "default" in out
+
+
+def test_run_writes_the_results_file_section(tmp_path, capsys):
+    results_file = tmp_path / "RESULTS.md"
+    results_file.write_text("# Results\n\nintro kept\n")
+    path = write_experiment(tmp_path)
+    args = ["run", str(path), "--out", str(tmp_path / "out"), "--report", str(results_file)]
+    assert main(args) == 0
+    assert main(args) == 0  # the second run replaces the section instead of adding another
+    text = results_file.read_text()
+    assert "intro kept" in text and text.count("<!-- experiment: tiny -->") == 1
+    assert f"latentloop run {path}" in text and "| gram |" in text
+    assert "report:" in capsys.readouterr().out
