@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -91,3 +92,12 @@ def test_unknown_model_and_task():
         build_reasoner_config(TINY, arch="nope")
     with pytest.raises(UsageError, match="unknown task"):
         build_reasoner_config(TINY, task="nope")
+
+
+def test_ema_decay_warms_up_to_its_target():
+    from latentloop.train.deep_supervision import ema_decay
+
+    assert ema_decay(0.999, 0) == pytest.approx(0.1)  # the first update moves the average most of the way
+    decays = [ema_decay(0.999, t) for t in range(20_000)]
+    assert all(a <= b for a, b in itertools.pairwise(decays))
+    assert decays[-1] == 0.999 and ema_decay(0.9, 1000) == 0.9

@@ -60,13 +60,14 @@ def _train_recurrent_depth(
     budget_minutes: float | None,
     progress: bool,
     log: Callable[[str], None] | None,
+    stop_at: int | None = None,
 ) -> dict[str, Any]:
     from latentloop.train.trainer import build_run_config, train
 
     extra = _budget_overrides(overrides, steps, budget_minutes)
     config = build_run_config(config_data, extra, task=task, arch="recurrent-depth")
     out_dir = Path(out) if out else Path("runs") / f"{config.task.name}-{config.arch}"
-    result = train(config, out_dir, progress=progress, log=log)
+    result = train(config, out_dir, progress=progress, log=log, stop_at=stop_at)
     return _summary(result, tokens_seen=result.tokens_seen)
 
 
@@ -86,13 +87,14 @@ def _train_reasoner(
     budget_minutes: float | None,
     progress: bool,
     log: Callable[[str], None] | None,
+    stop_at: int | None = None,
 ) -> dict[str, Any]:
     from latentloop.train.deep_supervision import build_reasoner_config, train_reasoner
 
     extra = _budget_overrides(overrides, steps, budget_minutes)
     config = build_reasoner_config(config_data, extra, task=task, arch=arch)
     out_dir = Path(out) if out else Path("runs") / f"{config.task.name}-{config.arch}"
-    result = train_reasoner(config, out_dir, progress=progress, log=log)
+    result = train_reasoner(config, out_dir, progress=progress, log=log, stop_at=stop_at)
     return _summary(
         result,
         tokens_seen=result.examples_seen * config.model.seq_len,
@@ -111,7 +113,8 @@ def _evaluate_reasoner(run: str, depths: list[int], **options: Any) -> dict[str,
 MODELS: dict[str, ModelEntry] = {
     "recurrent-depth": ModelEntry(_train_recurrent_depth, _evaluate_recurrent_depth, ("huginn_raven",)),
 }
-for _arch in ("direct", "looped", "hrm", "trm", "gram"):  # the puzzle reasoners share one trainer/evaluator
+# The puzzle reasoners (the generative baselines ar and mdlm included) share one trainer and evaluator.
+for _arch in ("direct", "looped", "hrm", "trm", "gram", "ar", "mdlm"):
     MODELS[_arch] = ModelEntry(
         functools.partial(_train_reasoner, _arch), _evaluate_reasoner, (f"reasoner-{_arch}",)
     )
@@ -148,18 +151,29 @@ def train(
     ),
     steps: int = typer.Option(None, "--steps", help="Optimizer steps in all (overrides train.steps)."),
     budget_minutes: float = typer.Option(None, "--budget-minutes", help="Stop after this much wall time."),
+    stop_at: int = typer.Option(
+        None,
+        "--stop-at",
+        help="End this call after step N with a checkpoint; the schedule stays train.steps.",
+    ),
     out: str = typer.Option(None, "--out", "-o", help="Run folder (default runs/<task>-<model>)."),
     json_output: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar or log lines."),
 ) -> None:
-    """Train a model; resumes automatically from the run folder's newest checkpoint."""
+    """Train a model; resumes automatically from the run folder's newest checkpoint.
+
+    Under ``torchrun --nproc_per_node=N -m latentloop train ...`` it trains data-parallel over N processes.
+    """
     from latentloop.config import load_yaml
+    from latentloop.train.distributed import env_rank
     from latentloop.train.trainer import TrainingError
 
     config, overrides = _split_arguments(list(args or []), config)
     data = load_yaml(config) if config else {}
     arch = model or str(data.get("arch") or "recurrent-depth")
     entry = _model_entry(arch)
+    if stop_at is not None and stop_at < 0:
+        raise UsageError(f"--stop-at must not be negative, got {stop_at}")
     interactive = sys.stderr.isatty()
 
     def log(line: str) -> None:
@@ -175,10 +189,13 @@ def train(
             budget_minutes,
             progress=interactive and not quiet,
             log=None if quiet or interactive else log,
+            stop_at=stop_at,
         )
     except TrainingError as error:
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(1) from None
+    if env_rank() != 0:  # every rank has the same result; rank 0 reports it
+        return
     if json_output:
         typer.echo(json.dumps(result))
         return
@@ -210,7 +227,7 @@ def _checkpoint_type(run: str) -> str:
     checkpoint = resolve_checkpoint(run)
     try:
         return str(json.loads((checkpoint / "config.json").read_text()).get("model_type", ""))
-    except (OSError, json.JSONDecodeError, AttributeError):
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
         raise UsageError(f"{checkpoint}/config.json is not a readable JSON object") from None
 
 
@@ -227,6 +244,9 @@ def eval_command(
     samples: int = typer.Option(20, "--samples", help="Puzzle models: parallel samples per puzzle."),
     steps: int = typer.Option(None, "--steps", help="Puzzle models: supervision steps (default: n_sup)."),
     select: str = typer.Option("vote", "--select", help="Puzzle models: vote, value or first."),
+    temperature: float = typer.Option(
+        1.0, "--temperature", help="ar and mdlm: sampling temperature (0 = greedy)."
+    ),
     json_output: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
     """Held-out accuracy (or perplexity) at each test-time depth; writes eval.json, eval.md, eval_depth.png.
@@ -250,6 +270,7 @@ def eval_command(
             batch_size=batch_size,
             limit=limit,
             task=task,
+            temperature=temperature,
         )
         typer.echo(json.dumps(report) if json_output else reasoner_table(report).rstrip())
         if not json_output:

@@ -86,20 +86,24 @@ def evaluate_model(
     select: str = "vote",
     batch_size: int = 256,
     halt: bool = False,
+    temperature: float = 1.0,
 ) -> dict[str, Any]:
     """Accuracy (and coverage, conflicts) of ``model`` on puzzle ``inputs`` ``[N, L]`` with curves over steps
-    ``1..steps`` (all samples, ``select``) and over samples ``1..samples`` (last step, every selection)."""
+    ``1..steps`` (all samples, ``select``) and over samples ``1..samples`` (last step, every selection).
+    ``steps`` defaults to the model's own (see :func:`solve`); ``temperature`` is the AR/MDLM samplers'."""
     if select not in SELECTIONS:
         raise UsageError(f"--select must be one of {', '.join(SELECTIONS)}, got {select!r}")
-    steps = model.config.n_sup if steps is None else steps
     per_sample = max(1, batch_size // samples)
     preds, vals = [], []
     for start in range(0, len(inputs), per_sample):
         x = torch.from_numpy(inputs[start : start + per_sample])
-        result = solve(model, x, steps=steps, samples=samples, select="first", halt=halt)
+        result = solve(
+            model, x, steps=steps, samples=samples, select="first", halt=halt, temperature=temperature
+        )
         preds.append(result.predictions.numpy().astype(np.uint8))
         vals.append(result.values.numpy())
     predictions, values = np.concatenate(preds, axis=2), np.concatenate(vals, axis=2)
+    steps = predictions.shape[0]
     violations, key_ids, puzzles = _judge(task, inputs, predictions)
     valid = violations == 0
     count = len(inputs)
@@ -125,6 +129,8 @@ def evaluate_model(
             for k in range(1, samples + 1)
         ],
     }
+    if hasattr(model, "sample"):  # AR and MDLM: steps are unmasking steps (1 for AR), samples are drawn
+        report["temperature"] = temperature
     chosen = _selected(key_ids[-1], values[-1], select)
     if task.name == "graph-coloring":
         conflicts = violations[-1, chosen, idx]
@@ -153,7 +159,7 @@ def quick_accuracy(model: Reasoner, task: Task, split: dict[str, np.ndarray], li
         for b in range(len(inputs))
     ]
     accuracy = float(np.mean(ok))
-    return {"num_steps": model.config.n_sup, "accuracy": accuracy, "exact_match": accuracy}
+    return {"num_steps": result.predictions.shape[0], "accuracy": accuracy, "exact_match": accuracy}
 
 
 # Runs --------------------------------------------------------------------------------------------------------
@@ -191,9 +197,11 @@ def evaluate_reasoner(
     limit: int | None = None,
     task: str | None = None,
     write: bool = True,
+    temperature: float = 1.0,
     **_: Any,
 ) -> dict[str, Any]:
-    """Evaluate a run's newest checkpoint on its test split; writes the reports into the run folder."""
+    """Evaluate a run's newest checkpoint on its test split; writes the reports into the run folder.
+    ``temperature`` is the sampling temperature of the AR and MDLM baselines (0: greedy)."""
     if samples < 1 or (steps is not None and steps < 1):
         raise UsageError("--samples and --steps must be at least 1")
     model, the_task, checkpoint, folder = load_run(run, task)
@@ -208,7 +216,9 @@ def evaluate_reasoner(
     from latentloop.data.dataset import load_dataset
 
     inputs = unique_puzzles(load_dataset(data).split("test"), limit)
-    report = evaluate_model(model, the_task, inputs, samples, steps, select, batch_size)
+    report = evaluate_model(
+        model, the_task, inputs, samples, steps, select, batch_size, temperature=temperature
+    )
     report = {"run": str(run), "checkpoint": str(checkpoint), "model": model.arch, **report}
     if write:
         out = folder if folder is not None else checkpoint

@@ -66,30 +66,42 @@ def solve(
     select: str = "vote",
     halt: bool = False,
     key: Callable[[torch.Tensor], Hashable] | None = None,
+    temperature: float = 1.0,
 ) -> SolveResult:
     """Run ``samples`` trajectories of ``steps`` supervision steps (default ``model.config.n_sup``) on ``x``
     ``[B, L]`` and choose one answer per puzzle.
 
-    ``halt``: a sample stops (keeps its answer) once ``sigmoid(q_halt) > 0.5``. ``key`` maps a sample's tokens
+    A model with a ``sample(inputs, steps, temperature)`` method (the AR and MDLM baselines) decodes with its
+    own sampling loop instead: ``steps`` are then its unmasking steps (MDLM, default ``model.config.cycles``)
+    or 1 (AR), ``temperature`` its sampling temperature (0: greedy), and it never halts.
+
+    ``halt``: a sample stops (keeps its answer) once ``sigmoid(q_halt) > 0.5``, or, for a model trained with
+    ``model.halting=q-learning``, once ``q_halt > q_continue``. ``key`` maps a sample's tokens
     ``[L]`` to the answer it stands for (the task's decoded answer), so votes count equal answers together;
     by default the raw tokens.
     """
     if select not in SELECTIONS:
         raise UsageError(f"--select must be one of {', '.join(SELECTIONS)}, got {select!r}")
-    steps = model.config.n_sup if steps is None else steps
-    if steps < 1 or samples < 1:
+    sampler = getattr(model, "sample", None)
+    steps = model.config.n_sup if steps is None and sampler is None else steps
+    if (steps is not None and steps < 1) or samples < 1:
         raise UsageError(f"steps and samples must be at least 1, got {steps} and {samples}")
     if x.dim() != 2 or x.shape[1] != model.config.seq_len:
         raise UsageError(f"puzzles must be [batch, {model.config.seq_len}] tokens, got {list(x.shape)}")
     was_training = model.training
     model.eval()
+    q_learning = getattr(model.config, "halting", "bce") == "q-learning"
     batch_size = x.shape[0]
     batch = {"inputs": x.repeat(samples, 1)}
+    preds, values, halts = [], [], []
+    if sampler is not None:  # every step's prediction at once; the loop below then has nothing left to run
+        tokens, sampled = sampler(batch["inputs"], steps=steps, temperature=temperature)
+        preds, values, halts = list(tokens), list(sampled.float()), [torch.zeros_like(v) for v in sampled]
+        steps = len(preds)
     carry = model.initial_carry(batch)
     done = torch.zeros(samples * batch_size, dtype=torch.bool, device=x.device)
     halted_at = torch.full((samples * batch_size,), steps, dtype=torch.long, device=x.device)
-    preds, values, halts = [], [], []
-    for step in range(steps):
+    for step in range(len(preds), steps):
         carry, out = model(carry, batch)
         tokens = out.logits.argmax(-1)
         value, halt_prob = out.value.float(), torch.sigmoid(out.halt_logit.float())
@@ -100,7 +112,8 @@ def solve(
         values.append(value)
         halts.append(halt_prob)
         if halt:
-            newly = ~done & (halt_prob > 0.5)
+            stop = out.halt_logit.float() > out.continue_logit.float() if q_learning else halt_prob > 0.5
+            newly = ~done & stop
             halted_at[newly] = step + 1
             done |= newly
             if bool(done.all()):  # every sample halted: later steps would repeat the same answers

@@ -6,9 +6,10 @@ step is one forward (``T`` transitions, gradient only through the last), one bac
 the carry is detached between them. The whole batch runs all ``n_sup`` steps (no replacement of halted
 samples), which keeps every step's cost and randomness fixed. Loss of a supervision step::
 
-    CE(logits, y) on scored positions (stable-max CE as an option)
+    CE(logits, y) on scored positions (stable-max CE as an option), or the model's own out.loss (AR, MDLM)
     + β · KL(posterior || prior)                                  GRAM only (KL is 0 for the others)
     + halt_weight · BCE(q_halt, answer fully correct)            the simple ACT variant of TRM/GRAM
+    + halt_weight · BCE(q_continue, bootstrapped target)         model.halting=q-learning only (HRM's ACT)
     + value_weight · MSE(v(z), token accuracy of this answer)    the value head (LPRM)
 
 An EMA of the weights is kept and is what checkpoints' ``model.safetensors`` (and so ``latentloop eval``) hold;
@@ -34,11 +35,15 @@ from latentloop.config import load_yaml
 from latentloop.data.dataset import build_dataset, load_dataset
 from latentloop.errors import UsageError
 from latentloop.models.reasoners import REASONERS, Reasoner, ReasonerConfig, build_reasoner, num_parameters
+from latentloop.models.reasoners.heads import continue_target
 from latentloop.tasks.base import Task, get_task
+from latentloop.train import distributed as dist
 from latentloop.train.checkpoint import (
+    capture_rank_rng,
+    checkpoint_name,
     latest_checkpoint,
     load_training_state,
-    restore_rng_state,
+    restore_training_rng,
     save_checkpoint,
 )
 from latentloop.train.optim import build_optimizer, lr_at, set_lr
@@ -181,21 +186,33 @@ def stablemax_log_probs(logits: torch.Tensor) -> torch.Tensor:
 
 
 def supervision_loss(
-    out: Any, labels: torch.Tensor, beta: float, tc: ReasonerTrainConfig
+    out: Any,
+    labels: torch.Tensor,
+    beta: float,
+    tc: ReasonerTrainConfig,
+    continue_target: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """The loss of one supervision step and its parts (labels 0 are not scored)."""
+    """The loss of one supervision step and its parts (labels 0 are not scored).
+
+    ``continue_target`` ``[B]`` (Q-learning halting, see :func:`next_step_continue_target`) adds the BCE of
+    ``out.continue_logit`` against it to the halting loss.
+    """
     mask = labels != 0
     logits = out.logits.float()
     log_probs = stablemax_log_probs(logits) if tc.stablemax else F.log_softmax(logits, -1)
     token_nll = -log_probs.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
     scored = mask.sum(-1).clamp(min=1)
     ce = ((token_nll * mask).sum(-1) / scored).mean()
+    if getattr(out, "loss", None) is not None:  # the generative baselines' own objective (AR, MDLM)
+        ce = out.loss.float().mean()
     with torch.no_grad():
         hits = (logits.argmax(-1) == labels) & mask
         accuracy = hits.sum(-1) / scored
         exact = (hits | ~mask).all(-1).float()
     kl = out.kl.float().mean()
     halt = F.binary_cross_entropy_with_logits(out.halt_logit.float(), exact)
+    if continue_target is not None:
+        halt = halt + F.binary_cross_entropy_with_logits(out.continue_logit.float(), continue_target.float())
     value = F.mse_loss(out.value.float(), accuracy)
     loss = ce + beta * kl + tc.halt_weight * halt + tc.value_weight * value
     parts = {
@@ -207,6 +224,30 @@ def supervision_loss(
         "exact": float(exact.mean()),
     }
     return loss, parts
+
+
+@torch.no_grad()
+def next_step_continue_target(
+    model: Reasoner,
+    carry: dict[str, torch.Tensor],
+    batch: dict[str, torch.Tensor],
+    labels: torch.Tensor,
+    last: bool,
+) -> torch.Tensor:
+    """The Q-learning target of ``q_continue`` for the supervision step that returned ``carry``: one more
+    step without gradient from that (detached) carry, with the current weights, then
+    :func:`~latentloop.models.reasoners.heads.continue_target` of its Q logits (as HRM: no target network)."""
+    _, ahead = model(carry, batch, target=labels)
+    return continue_target(ahead.halt_logit, ahead.continue_logit, last)
+
+
+def ema_decay(target: float, update: int) -> float:
+    """The EMA decay at optimizer update ``update`` (0-based): ``min(target, (1 + t) / (10 + t))``.
+
+    A fixed decay of 0.999 would keep most of the random initial weights for the first thousand updates, longer
+    than a short CPU run lasts; the warm-up lets the average follow the weights early and settle at ``target``.
+    """
+    return min(target, (1 + update) / (10 + update))
 
 
 # Checkpoints ---------------------------------------------------------------------------------------------------
@@ -261,12 +302,29 @@ def _evaluate(
     step: int,
     metrics: _Metrics,
     log: Callable[[str], None] | None,
+    ctx: dist.DistContext = dist.SINGLE,
 ) -> dict[str, Any]:
-    """Held-out accuracy of the EMA weights as inference runs them (GRAM sampling its prior), logged."""
+    """Held-out accuracy of the EMA weights as inference runs them (GRAM sampling its prior), logged. With
+    several processes each rank solves a contiguous share of the puzzles and the counts are summed."""
     from latentloop.eval.reasoners import quick_accuracy
 
     was_training = ema.training
-    record = {"kind": "eval", "step": step, **quick_accuracy(ema.eval(), task, split, limit)}
+    if ctx.enabled:
+        _, first = np.unique(np.asarray(split["puzzle_ids"]), return_index=True)
+        start, stop = dist.shard_bounds(len(np.sort(first)[:limit]), ctx)
+        rows = np.sort(first)[start:stop]
+        mine = {"inputs": np.asarray(split["inputs"])[rows], "puzzle_ids": np.arange(len(rows))}
+        result = quick_accuracy(ema.eval(), task, mine, len(rows)) if len(rows) else {}
+        correct, total = dist.all_reduce_sum([result.get("accuracy", 0.0) * len(rows), len(rows)], ctx)
+        accuracy = correct / max(total, 1.0)
+        result = {
+            "num_steps": result.get("num_steps", ema.config.n_sup),
+            "accuracy": accuracy,
+            "exact_match": accuracy,
+        }
+    else:
+        result = quick_accuracy(ema.eval(), task, split, limit)
+    record = {"kind": "eval", "step": step, **result}
     ema.train(was_training)
     metrics.write(record)
     if log:
@@ -283,6 +341,7 @@ def _choose_precision(requested: str, config: ReasonerConfig, tokens: int, devic
     return "bf16" if timing["bf16"] < 0.9 * timing["fp32"] else "fp32"
 
 
+@dist.leaves_group
 def train_reasoner(
     config: ReasonerRunConfig,
     out_dir: str | Path,
@@ -293,23 +352,34 @@ def train_reasoner(
     """Train (or resume) the reasoner run in ``out_dir`` until ``train.steps`` batches or the time budget.
 
     ``stop_at`` ends this call after that many batches (as an interruption would), with a checkpoint.
+    Under ``torchrun`` it trains data-parallel (see :mod:`latentloop.train.distributed`): each rank takes a
+    slice of the step's batch and every supervision step's update is averaged over ranks, so ranks stay in
+    step; only rank 0 writes to ``out_dir``.
     """
     started = time.perf_counter()
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} exists and is not a folder")
-    out.mkdir(parents=True, exist_ok=True)
     tc, arch = config.train, config.arch
     task = get_task(config.task.name, **config.task.options)
     config.model = fit_to_task(config.model, task)
-    task, data = task_data(config, out)
-    device = resolve_device(tc.device)
+    ctx, device = dist.setup(resolve_device(tc.device))
+    dist.check_batch(tc.batch_size, ctx)
+    if not ctx.is_main:
+        progress, log = False, None
+    out.mkdir(parents=True, exist_ok=True)
+    if ctx.is_main:  # rank 0 builds OUT/data (once) before the other ranks read it
+        task, data = task_data(config, out)
+    dist.barrier(ctx)
+    if not ctx.is_main:
+        task, data = task_data(config, out)
 
     _seed_everything(tc.seed)
     model = build_reasoner(arch, config.model).to(device)
     ema = copy.deepcopy(model).requires_grad_(False)
     optimizer = build_optimizer(model, tc.lr, tc.betas, tc.weight_decay, tc.eps)
-    checkpoint = latest_checkpoint(out)
+    found = dist.broadcast_object(str(latest_checkpoint(out) or ""), ctx)  # rank 0 picks it for all
+    checkpoint = Path(found) if found else None
     start_step, examples_seen = 0, 0
     if checkpoint is not None:
         _check_architecture(checkpoint, model)
@@ -317,18 +387,27 @@ def train_reasoner(
         ema.load_weights(checkpoint / "model.safetensors")
         state, torch_rng = load_training_state(checkpoint, optimizer)
         start_step, examples_seen = state["step"], int(state.get("examples_seen", 0))
-        restore_rng_state(state["rng"], torch_rng)
+        # The time budget covers the whole run, interrupted or not.
+        started -= float(state.get("train_seconds", 0.0))
+        restore_training_rng(state, torch_rng, ctx.rank, ctx.world_size)
         if log:
             log(f"resuming from {checkpoint} (step {start_step})")
-    save_run_config(config, out / "config.yaml")
+    if ctx.is_main:
+        save_run_config(config, out / "config.yaml")
     model.train()
-    precision = _choose_precision(tc.precision, config.model, tc.batch_size * task.seq_len, device)
+    # Ranks start equal and stay equal: the same averaged gradients give the same updates.
+    dist.broadcast_module(model, ctx)
+    dist.broadcast_module(ema, ctx)
+    # "auto" times matmuls, which may come out differently on each rank; rank 0's choice holds for all.
+    precision = dist.broadcast_object(
+        _choose_precision(tc.precision, config.model, tc.batch_size * task.seq_len, device), ctx
+    )
     autocast_device = "cuda" if device.startswith("cuda") else "cpu"
     n_sup = config.model.n_sup
     total_updates = tc.steps * n_sup
     params, ema_params = list(model.parameters()), list(ema.parameters())  # same order: ema is a deep copy
 
-    metrics = _Metrics(out, start_step, tc.tensorboard)
+    metrics = _Metrics(out, start_step, tc.tensorboard, enabled=ctx.is_main)
     end_step = tc.steps if stop_at is None else min(tc.steps, stop_at)
     budget_s = tc.budget_minutes * 60 if tc.budget_minutes else math.inf
     losses: list[float] = []
@@ -339,23 +418,45 @@ def train_reasoner(
     bar = _ProgressBar(enabled=progress, total=tc.steps, completed=start_step)
 
     def trainer_state() -> dict[str, Any]:
-        return {"examples_seen": examples_seen, "precision": precision, "seed": tc.seed, "arch": arch}
+        return {
+            "examples_seen": examples_seen,
+            "precision": precision,
+            "seed": tc.seed,
+            "arch": arch,
+            "train_seconds": time.perf_counter() - started,
+            "world_size": ctx.world_size,
+        }
+
+    def save(at: int) -> Path:
+        # Every rank hands its RNG states to rank 0, which alone writes the checkpoint.
+        rank_rng = dist.gather_objects(capture_rank_rng(), ctx)
+        path = out / "checkpoints" / checkpoint_name(at)
+        if ctx.is_main:
+            path = save_checkpoint(
+                out, at, wrapped, optimizer, trainer_state(), tc.keep_checkpoints, rank_rng=rank_rng
+            )  # type: ignore[arg-type]
+        dist.barrier(ctx)
+        return path
 
     last_eval: dict[str, Any] | None = None
     interrupt = _InterruptFlag()
     try:
         with bar, interrupt:
             while step < end_step:
-                if interrupt.raised:
+                # All ranks must stop at the same batch, so a signal or the budget seen by one stops all.
+                interrupted, over_budget = dist.any_rank(
+                    [interrupt.raised, time.perf_counter() - started >= budget_s], ctx
+                )
+                if interrupted:
                     if step > saved_step:
-                        save_checkpoint(out, step, wrapped, optimizer, trainer_state(), tc.keep_checkpoints)  # type: ignore[arg-type]
+                        save(step)
                     raise KeyboardInterrupt
-                if time.perf_counter() - started >= budget_s:
+                if over_budget:
                     stopped = "budget"
                     break
                 tick = time.perf_counter()
                 inputs, labels = train_batch(task, data["train"], step, tc.batch_size, tc.seed, tc.augment)
-                inputs, labels = inputs.to(device), labels.to(device)
+                inputs, labels = dist.shard(inputs, ctx).to(device), dist.shard(labels, ctx).to(device)
                 batch = {"inputs": inputs}
                 carry = model.initial_carry(batch)
                 for n in range(n_sup):
@@ -364,21 +465,30 @@ def train_reasoner(
                     set_lr(optimizer, lr)
                     with torch.autocast(autocast_device, dtype=torch.bfloat16, enabled=precision == "bf16"):
                         carry, output = model(carry, batch, target=labels)
-                        loss, parts = supervision_loss(output, labels, config.model.beta, tc)
+                        target_q = None
+                        if config.model.halting == "q-learning":
+                            target_q = next_step_continue_target(model, carry, batch, labels, n == n_sup - 1)
+                        loss, parts = supervision_loss(output, labels, config.model.beta, tc, target_q)
                     value = float(loss.detach())
+                    if ctx.enabled:  # equal shards: the mean over ranks is the loss of the whole batch
+                        value, *averaged = dist.all_reduce_mean([value, *parts.values()], ctx)
+                        parts = dict(zip(parts, averaged, strict=True))
                     if not math.isfinite(value):
                         raise TrainingError(
                             f"loss became {value} at step {step + 1}, supervision step {n + 1} (lr {lr:.3g}); "
                             f"last checkpoint: {last_saved or 'none'}; try a lower train.lr"
                         )
                     loss.backward()
+                    # The carry holds outputs that this step's loss does not use, so DDP's hooks would wait
+                    # forever; gradients are averaged over ranks explicitly instead.
+                    dist.average_gradients(params, ctx)
                     grad_norm = torch.nn.utils.clip_grad_norm_(
                         params, tc.grad_clip if tc.grad_clip > 0 else math.inf
                     )
                     optimizer.step()
                     optimizer.zero_grad(set_to_none=True)
                     with torch.no_grad():
-                        torch._foreach_lerp_(ema_params, params, 1.0 - tc.ema)
+                        torch._foreach_lerp_(ema_params, params, 1.0 - ema_decay(tc.ema, update))
                     carry = {k: v.detach() for k, v in carry.items()}
                     losses.append(value)
                     for key, v in {"loss": value, "grad_norm": float(grad_norm), **parts}.items():
@@ -389,7 +499,7 @@ def train_reasoner(
                 window["batches"] = window.get("batches", 0.0) + 1
                 window["time"] = window.get("time", 0.0) + time.perf_counter() - tick
                 step += 1
-                examples_seen += inputs.shape[0]
+                examples_seen += tc.batch_size
                 bar.update(step, value, tc.batch_size / max(time.perf_counter() - tick, 1e-9))
                 if step % tc.log_every == 0 or step == end_step:
                     n_total, batches = window.pop("n"), window.pop("batches")
@@ -407,11 +517,9 @@ def train_reasoner(
                         )
                     window = {}
                 if tc.eval_every and tc.eval_size and step % tc.eval_every == 0 and step < end_step:
-                    last_eval = _evaluate(ema, task, data["test"], tc.eval_size, step, metrics, log)
+                    last_eval = _evaluate(ema, task, data["test"], tc.eval_size, step, metrics, log, ctx)
                 if tc.checkpoint_every and step % tc.checkpoint_every == 0:
-                    last_saved = save_checkpoint(
-                        out, step, wrapped, optimizer, trainer_state(), tc.keep_checkpoints
-                    )  # type: ignore[arg-type]
+                    last_saved = save(step)
                     saved_step = step
             if stop_at is not None and step >= stop_at and step < tc.steps:
                 stopped = "stop_at"
@@ -419,9 +527,9 @@ def train_reasoner(
         metrics.close()
         raise
     if step != saved_step:
-        last_saved = save_checkpoint(out, step, wrapped, optimizer, trainer_state(), tc.keep_checkpoints)  # type: ignore[arg-type]
+        last_saved = save(step)
     if stopped != "stop_at" and tc.eval_size and (last_eval is None or last_eval["step"] != step):
-        last_eval = _evaluate(ema, task, data["test"], tc.eval_size, step, metrics, log)
+        last_eval = _evaluate(ema, task, data["test"], tc.eval_size, step, metrics, log, ctx)
     metrics.close()
     return ReasonerTrainResult(
         out_dir=out,

@@ -8,20 +8,21 @@ from typing import Any
 
 from latentloop.config import from_dict
 from latentloop.errors import UsageError
+from latentloop.models.reasoners.ar import ARReasoner
 from latentloop.models.reasoners.base import Reasoner, ReasonerConfig, ReasonerOutput, num_parameters
 from latentloop.models.reasoners.direct import DirectReasoner
 from latentloop.models.reasoners.gram import GRAMReasoner
 from latentloop.models.reasoners.hrm import HRMReasoner
 from latentloop.models.reasoners.looped import LoopedReasoner
+from latentloop.models.reasoners.mdlm import MDLMReasoner
 from latentloop.models.reasoners.trm import TRMReasoner
 
-REASONERS: dict[str, type[Reasoner]] = {
-    cls.arch: cls for cls in (DirectReasoner, LoopedReasoner, HRMReasoner, TRMReasoner, GRAMReasoner)
-}
+_RECURSIVE = (DirectReasoner, LoopedReasoner, HRMReasoner, TRMReasoner, GRAMReasoner)
+REASONERS: dict[str, type[Reasoner]] = {cls.arch: cls for cls in (*_RECURSIVE, ARReasoner, MDLMReasoner)}
 
 
 def build_reasoner(arch: str, config: ReasonerConfig) -> Reasoner:
-    """A fresh reasoner ``arch`` (direct, looped, hrm, trm, gram)."""
+    """A fresh reasoner ``arch`` (direct, looped, hrm, trm, gram, ar, mdlm)."""
     if arch not in REASONERS:
         raise UsageError(f"unknown model {arch!r} (known: {', '.join(sorted(REASONERS))})")
     return REASONERS[arch](config)
@@ -42,10 +43,12 @@ def load_reasoner(checkpoint: str | Path, weights: str = "model.safetensors") ->
 
 __all__ = [
     "REASONERS",
+    "ARReasoner",
     "DirectReasoner",
     "GRAMReasoner",
     "HRMReasoner",
     "LoopedReasoner",
+    "MDLMReasoner",
     "Reasoner",
     "ReasonerConfig",
     "ReasonerOutput",

@@ -27,7 +27,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from latentloop.errors import UsageError
-from latentloop.models.reasoners.heads import HaltHead, ValueHead
+from latentloop.models.reasoners.heads import HALTING, HaltHead, ValueHead
 from latentloop.nn import BLOCKS, GatedMLP, RMSNorm, RotaryEmbedding
 
 MIXERS = ("attention", "mlp")
@@ -40,7 +40,8 @@ class ReasonerConfig:
 
     ``cycles`` is T, the transitions per supervision step (TRM's T, HRM's H_cycles, GRAM's T, the Looped
     model's applications); ``inner`` is the low-level updates per transition (GRAM's K, TRM's n, HRM's
-    L_cycles). ``vocab_size``/``seq_len`` 0 mean "take them from the task".
+    L_cycles). ``vocab_size``/``seq_len`` 0 mean "take them from the task". ``beta``, ``kl_balance`` and
+    ``prior_fraction`` are GRAM's (see :mod:`latentloop.models.reasoners.gram`).
     """
 
     vocab_size: int = 0
@@ -56,10 +57,14 @@ class ReasonerConfig:
     inner: int = 4
     beta: float = 0.07
     kl_balance: float = 0.8
+    prior_fraction: float = 0.0
     rope_base: float = 10_000.0
     norm_eps: float = 1e-5
+    halting: str = "bce"  # how the Q-head is trained and read: bce | q-learning (see heads.py)
 
     def __post_init__(self) -> None:
+        if self.halting not in HALTING:
+            raise UsageError(f"model.halting must be one of {', '.join(HALTING)}, got {self.halting!r}")
         if self.block not in BLOCKS:
             raise UsageError(f"model.block must be one of {', '.join(BLOCKS)}, got {self.block!r}")
         if self.mixer not in MIXERS:
@@ -71,6 +76,8 @@ class ReasonerConfig:
             raise UsageError(f"model.dim {self.dim} must split into {self.n_heads} heads of even size")
         if self.beta < 0 or not 0 <= self.kl_balance <= 1:
             raise UsageError("model.beta must be >= 0 and model.kl_balance in [0, 1]")
+        if not 0 <= self.prior_fraction <= 1:
+            raise UsageError(f"model.prior_fraction must be in [0, 1], got {self.prior_fraction}")
 
 
 @dataclass
@@ -78,9 +85,13 @@ class ReasonerOutput:
     """What one supervision step returns besides the carry."""
 
     logits: torch.Tensor  # [B, L, V]
-    halt_logit: torch.Tensor  # [B]  q_halt: halt when sigmoid > 0.5
+    halt_logit: torch.Tensor  # [B]  q_halt: halt when sigmoid > 0.5 (bce halting)
     value: torch.Tensor  # [B]  predicted accuracy in (0, 1)
     kl: torch.Tensor  # [B]  KL(posterior || prior) of the step's last transition; 0 when deterministic
+    # [B] or scalar: a task loss the model computes itself (AR's next-token CE, MDLM's weighted masked CE),
+    # used by the trainer in place of the CE of ``logits``; None for the models trained on that CE.
+    loss: torch.Tensor | None = None
+    continue_logit: torch.Tensor | None = None  # [B]  q_continue (Q-learning halting: halt when q_halt > it)
 
 
 class SequenceMLPBlock(nn.Module):
@@ -170,9 +181,11 @@ class Reasoner(nn.Module):
     def readout(self, state: torch.Tensor, kl: torch.Tensor | None = None) -> ReasonerOutput:
         """Logits, halt logit and value from the state the decoder reads."""
         zeros = torch.zeros(state.shape[0], device=state.device)
+        q_halt, q_continue = self.halt_head(state)
         return ReasonerOutput(
             logits=self.lm_head(state),
-            halt_logit=self.halt_head(state),
+            halt_logit=q_halt,
+            continue_logit=q_continue,
             value=self.value_head(state),
             kl=zeros if kl is None else kl,
         )

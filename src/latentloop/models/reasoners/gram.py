@@ -10,6 +10,12 @@ State ``z = (h, l)``; the input embedding ``e_x`` is computed once. One transiti
 A supervision step runs ``T`` transitions (``config.cycles``), the first ``T - 1`` without gradient. Its loss adds
 ``β · KL(q(ε_T | u_T, y) || p(ε_T | u_T))`` with Dreamer-style balancing ``α = config.kl_balance``:
 ``α · KL(sg(q) || p) + (1 - α) · KL(q || sg(p))``. The decoder reads ``h``. ``K`` is ``config.inner``.
+
+``config.prior_fraction`` of the rows of a training batch follow the prior instead of the posterior for their
+whole trajectory, and pay no KL: the hybrid CVAE objective (Sohn et al. 2015). With the posterior alone the
+target can reach the decoder through ``ε`` faster than the prior learns to predict it, so a short training
+run may decode perfectly from the posterior and not at all from the prior; prior rows train the decoder on
+the noise it sees at inference. ``0`` is the paper's objective.
 """
 
 from __future__ import annotations
@@ -81,7 +87,10 @@ class GRAMReasoner(Reasoner):
 
     def initial_carry(self, batch: dict[str, torch.Tensor]) -> Carry:
         x = batch["inputs"]
-        return {"h": self.broadcast_state("h_init", x), "l": self.broadcast_state("l_init", x)}
+        carry = {"h": self.broadcast_state("h_init", x), "l": self.broadcast_state("l_init", x)}
+        if self.training and self.config.prior_fraction > 0:  # rows whose trajectory follows the prior
+            carry["prior_rows"] = torch.rand(x.shape[0], device=x.device) < self.config.prior_fraction
+        return carry
 
     def transition(
         self,
@@ -90,8 +99,10 @@ class GRAMReasoner(Reasoner):
         e_x: torch.Tensor,
         rope: torch.Tensor,
         e_y: torch.Tensor | None,
+        prior_rows: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """One transition: ``(h, l, kl)``; the posterior is used when the target embedding ``e_y`` is given."""
+        """One transition: ``(h, l, kl)``. The posterior is used when the target embedding ``e_y`` is given,
+        except on ``prior_rows`` ``[B]`` (bool), which sample the prior and have KL 0."""
         for _ in range(self.config.inner):
             l = self.f_L(l, h + e_x, rope)  # noqa: E741
         u = self.f_H(h, l, rope)
@@ -101,6 +112,10 @@ class GRAMReasoner(Reasoner):
         else:
             mu, std = self.posterior(u + e_y)
             kl = balanced_kl(mu, std, mu_p, std_p, self.config.kl_balance)
+            if prior_rows is not None:
+                keep = prior_rows[:, None, None]
+                mu, std = torch.where(keep, mu_p, mu), torch.where(keep, std_p, std)
+                kl = kl.masked_fill(prior_rows, 0.0)
         eps = mu + std * torch.randn_like(std)  # reparameterised: the gradient reaches μ and σ
         return u + eps.to(u.dtype), l, kl
 
@@ -109,9 +124,12 @@ class GRAMReasoner(Reasoner):
     ) -> tuple[Carry, ReasonerOutput]:
         e_x, rope = self.embed_input(batch["inputs"])
         e_y = None if target is None else self.target_embed(target.long())
-        h, l = carry["h"], carry["l"]  # noqa: E741
+        h, l, prior_rows = carry["h"], carry["l"], carry.get("prior_rows")  # noqa: E741
         with torch.no_grad():
             for _ in range(self.config.cycles - 1):
-                h, l, _ = self.transition(h, l, e_x, rope, e_y)  # noqa: E741
-        h, l, kl = self.transition(h, l, e_x, rope, e_y)  # noqa: E741
-        return {"h": h.detach(), "l": l.detach()}, self.readout(h, kl)
+                h, l, _ = self.transition(h, l, e_x, rope, e_y, prior_rows)  # noqa: E741
+        h, l, kl = self.transition(h, l, e_x, rope, e_y, prior_rows)  # noqa: E741
+        next_carry = {"h": h.detach(), "l": l.detach()}
+        if prior_rows is not None:
+            next_carry["prior_rows"] = prior_rows
+        return next_carry, self.readout(h, kl)
