@@ -40,8 +40,8 @@ class ReasonerConfig:
 
     ``cycles`` is T, the transitions per supervision step (TRM's T, HRM's H_cycles, GRAM's T, the Looped
     model's applications); ``inner`` is the low-level updates per transition (GRAM's K, TRM's n, HRM's
-    L_cycles). ``vocab_size``/``seq_len`` 0 mean "take them from the task". ``beta``, ``kl_balance`` and
-    ``prior_fraction`` are GRAM's (see :mod:`latentloop.models.reasoners.gram`).
+    L_cycles). ``vocab_size``/``seq_len`` 0 mean "take them from the task". ``beta`` and ``kl_balance`` are
+    GRAM's (see :mod:`latentloop.models.reasoners.gram`).
     """
 
     vocab_size: int = 0
@@ -57,7 +57,6 @@ class ReasonerConfig:
     inner: int = 4
     beta: float = 0.07
     kl_balance: float = 0.8
-    prior_fraction: float = 0.0
     rope_base: float = 10_000.0
     norm_eps: float = 1e-5
     halting: str = "bce"  # how the Q-head is trained and read: bce | q-learning (see heads.py)
@@ -76,8 +75,6 @@ class ReasonerConfig:
             raise UsageError(f"model.dim {self.dim} must split into {self.n_heads} heads of even size")
         if self.beta < 0 or not 0 <= self.kl_balance <= 1:
             raise UsageError("model.beta must be >= 0 and model.kl_balance in [0, 1]")
-        if not 0 <= self.prior_fraction <= 1:
-            raise UsageError(f"model.prior_fraction must be in [0, 1], got {self.prior_fraction}")
 
 
 @dataclass
