@@ -1,5 +1,7 @@
 """Data-parallel training: 2 gloo processes under torchrun give the single-process losses of the same global
-batch, only rank 0 writes, evaluation is gathered, and a run resumes with a different number of processes."""
+batch, only rank 0 writes, evaluation is gathered, and a run resumes with a different number of processes.
+The same holds for the LM sharded with FSDP (``train.parallel=fsdp``), whose checkpoints keep the
+single-process layout."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import torch
 import yaml
 
 from latentloop.errors import UsageError
+from latentloop.models.recurrent_depth import RecurrentDepthLM
 from latentloop.train import distributed as dist
 from latentloop.train.deep_supervision import build_reasoner_config, train_reasoner
 from latentloop.train.trainer import build_run_config, train
@@ -45,23 +48,36 @@ REASONER = {
     "task": {"name": "nqueens", "n": 5},
 }
 
-# One torchrun job trains both model families through the command line. The process group is set up once
-# here, so both runs share it (the trainers join an existing group rather than creating their own).
+# One torchrun job runs every command line of a JSON list (argv lists for latentloop's main). The process
+# group is set up once here, so all runs share it (the trainers join an existing group rather than creating
+# their own). Each time a sharded model is about to be gathered for a checkpoint, the live sharded model's
+# logits on a fixed input are saved as PROBE/logits_<i>.pt, to compare with the model the checkpoint holds.
 LAUNCH = textwrap.dedent(
     """
-    import sys
-    import torch.distributed
+    import json, sys
+    from pathlib import Path
+    import torch, torch.distributed
     torch.distributed.init_process_group("gloo")
     from latentloop.cli import main
-    lm, reasoner, lm_out, reasoner_out = sys.argv[1:5]
-    codes = [
-        main(["train", "--config", lm, "--out", lm_out, "--stop-at", "4", "--json", "-q"]),
-        main(["train", "--config", reasoner, "--out", reasoner_out, "--json", "-q"]),
-    ]
+    from latentloop.train import distributed
+    runs, probe = json.loads(Path(sys.argv[1]).read_text()), Path(sys.argv[2])
+    inputs, gather, saved = torch.load(probe / "inputs.pt"), distributed.gather_full_state, []
+
+    def probe_then_gather(model, optimizer, ctx):
+        with torch.no_grad():
+            logits = model(inputs, num_steps=3, init_scale=0.0).logits
+        if ctx.is_main:
+            torch.save(logits, probe / f"logits_{len(saved)}.pt")
+        saved.append(None)
+        return gather(model, optimizer, ctx)
+
+    distributed.gather_full_state = probe_then_gather
+    codes = [main(argv) for argv in runs]
     torch.distributed.destroy_process_group()
     sys.exit(max(codes))
     """
 )
+PROBE_INPUTS = (torch.arange(16).reshape(2, 8) * 37) % 264
 
 
 def _losses(out: Path) -> dict[int, float]:
@@ -75,30 +91,50 @@ def _evals(out: Path) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
+def one_process_run(tmp_path_factory):
+    """The LM trained uninterrupted in one process (the reference of the multi-process runs)."""
+    return train(build_run_config(LM), tmp_path_factory.mktemp("single") / "one")
+
+
+@pytest.fixture(scope="module")
 def two_process_runs(tmp_path_factory):
-    """The runs of a 2-process torchrun job (LM stopped at step 4 of 6; reasoner to the end)."""
+    """The runs of a 2-process torchrun job: the LM under DDP stopped at step 4 of 6 (``lm``); the reasoner to
+    the end (``reasoner``); the LM under FSDP stopped at step 4 (``lm_fsdp``); and, under FSDP, the rest of a
+    run that one process trained to step 2 (``fsdp_from_one``). ``probe`` holds the FSDP saves' logits."""
     if shutil.which("torchrun", path=str(Path(sys.executable).parent)) is None:
         pytest.skip("torchrun is not installed beside this Python")
     root = tmp_path_factory.mktemp("ddp")
     (root / "lm.yaml").write_text(yaml.safe_dump(LM))
     (root / "reasoner.yaml").write_text(yaml.safe_dump(REASONER))
     (root / "launch.py").write_text(LAUNCH)
+    (root / "probe").mkdir()
+    torch.save(PROBE_INPUTS, root / "probe" / "inputs.pt")
+    train(build_run_config(LM), root / "fsdp_from_one", stop_at=2)
+    lm, fsdp = ["train", "--config", str(root / "lm.yaml")], "train.parallel=fsdp"
+    runs = [
+        [*lm, "--out", str(root / "lm"), "--stop-at", "4", "--json", "-q"],
+        ["train", "--config", str(root / "reasoner.yaml"), "--out", str(root / "reasoner"), "--json", "-q"],
+        [*lm, "--out", str(root / "lm_fsdp"), "--stop-at", "4", "--json", "-q", fsdp],
+        [*lm, "--out", str(root / "fsdp_from_one"), "--json", "-q", fsdp],
+    ]
+    (root / "runs.json").write_text(json.dumps(runs))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     command = [
         str(Path(sys.executable).parent / "torchrun"),
         "--standalone",
         "--nproc_per_node=2",
         str(root / "launch.py"),
-        *(str(root / name) for name in ("lm.yaml", "reasoner.yaml", "lm", "reasoner")),
+        str(root / "runs.json"),
+        str(root / "probe"),
     ]
     done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=root)
     assert done.returncode == 0, done.stderr[-3000:]
     return root, done.stdout
 
 
-def test_two_gloo_processes_match_one_process_with_the_same_global_batch(two_process_runs, tmp_path):
+def test_two_gloo_processes_match_one_process_with_the_same_global_batch(two_process_runs, one_process_run):
     root, stdout = two_process_runs
-    one = train(build_run_config(LM), tmp_path / "one")
+    one = one_process_run
     two = _losses(root / "lm")
     assert sorted(two) == [1, 2, 3, 4]  # only rank 0 logs: each step once
     for step, loss in two.items():
@@ -106,24 +142,81 @@ def test_two_gloo_processes_match_one_process_with_the_same_global_batch(two_pro
     # The held-out evaluation splits its 4 batches over the ranks and sums the counts.
     evals = _evals(root / "lm")
     assert [e["step"] for e in evals] == [2, 4] and all(e["n"] == 16 for e in evals)
-    reference = {e["step"]: e["exact_match"] for e in _evals(tmp_path / "one")}
+    reference = {e["step"]: e["exact_match"] for e in _evals(one.out_dir)}
     assert all(e["exact_match"] == reference[e["step"]] for e in evals)
     # Rank 0 alone printed the results (one JSON line per run) and wrote the checkpoint.
-    assert len(stdout.strip().splitlines()) == 2
+    assert len(stdout.strip().splitlines()) == 4
     assert [p.name for p in (root / "lm" / "checkpoints").iterdir()] == ["step_00000004"]
     state = json.loads((root / "lm" / "checkpoints" / "step_00000004" / "trainer_state.json").read_text())
     assert state["world_size"] == 2 and state["step"] == 4
 
 
-def test_a_two_process_run_resumes_in_one_process(two_process_runs, tmp_path):
+@pytest.mark.parametrize("run", ["lm", "lm_fsdp"])
+def test_a_two_process_run_resumes_in_one_process(two_process_runs, one_process_run, tmp_path, run):
     root, _ = two_process_runs
     out = tmp_path / "resumed"
-    shutil.copytree(root / "lm", out)
+    shutil.copytree(root / run, out)
     resumed = train(build_run_config(LM), out)
-    one = train(build_run_config(LM), tmp_path / "one")
     assert resumed.resumed_from == 4 and resumed.step == 6
-    for got, want in zip(resumed.losses, one.losses[4:], strict=True):
+    for got, want in zip(resumed.losses, one_process_run.losses[4:], strict=True):
         assert abs(got - want) < TOLERANCE
+
+
+def test_fsdp_over_two_gloo_processes_matches_one_process(two_process_runs, one_process_run):
+    root, _ = two_process_runs
+    two = _losses(root / "lm_fsdp")
+    assert sorted(two) == [1, 2, 3, 4]
+    for step, loss in two.items():
+        assert abs(loss - one_process_run.losses[step - 1]) < TOLERANCE, (step, loss)
+    # Every rank evaluates all batches of the sharded model (its forwards are collectives).
+    evals = _evals(root / "lm_fsdp")
+    reference = {e["step"]: e["exact_match"] for e in _evals(one_process_run.out_dir)}
+    assert [e["step"] for e in evals] == [2, 4] and all(e["n"] == 16 for e in evals)
+    assert all(e["exact_match"] == reference[e["step"]] for e in evals)
+    checkpoint = root / "lm_fsdp" / "checkpoints" / "step_00000004"
+    state = json.loads((checkpoint / "trainer_state.json").read_text())
+    assert state["world_size"] == 2 and state["parallel"] == "fsdp"
+    # The same single-file layout as a one-process checkpoint: the full weights and optimizer state.
+    reference_checkpoint = one_process_run.checkpoint
+    assert sorted(p.name for p in checkpoint.iterdir()) == sorted(
+        p.name for p in reference_checkpoint.iterdir()
+    )
+    saved = torch.load(checkpoint / "optimizer.pt", weights_only=True)["optimizer"]
+    want = torch.load(reference_checkpoint / "optimizer.pt", weights_only=True)["optimizer"]
+    assert saved["state"].keys() == want["state"].keys()
+    for index, moments in saved["state"].items():
+        assert moments["exp_avg"].shape == want["state"][index]["exp_avg"].shape
+
+
+def test_an_fsdp_checkpoint_holds_the_trained_model(two_process_runs):
+    root, _ = two_process_runs
+    for i, run, step in ((0, "lm_fsdp", 4), (1, "fsdp_from_one", 6)):
+        model = RecurrentDepthLM.from_pretrained(root / run / "checkpoints" / f"step_{step:08d}")
+        with torch.no_grad():
+            logits = model(PROBE_INPUTS, num_steps=3, init_scale=0.0).logits
+        trained = torch.load(root / "probe" / f"logits_{i}.pt", weights_only=True)
+        assert (logits - trained).abs().max() < TOLERANCE, run
+
+
+def test_a_one_process_run_resumes_under_fsdp(two_process_runs, one_process_run):
+    root, _ = two_process_runs
+    losses = _losses(root / "fsdp_from_one")
+    assert sorted(losses) == [1, 2, 3, 4, 5, 6]  # steps 1-2 from one process, 3-6 from two under FSDP
+    for step, loss in losses.items():
+        assert abs(loss - one_process_run.losses[step - 1]) < TOLERANCE, (step, loss)
+    state = json.loads(
+        (root / "fsdp_from_one" / "checkpoints" / "step_00000006" / "trainer_state.json").read_text()
+    )
+    assert state["parallel"] == "fsdp"
+
+
+def test_train_parallel_is_checked_and_fsdp_in_one_process_is_plain_training(one_process_run, tmp_path):
+    with pytest.raises(UsageError, match=r"train\.parallel must be one of ddp, fsdp, got 'zero'"):
+        build_run_config(LM, ["train.parallel=zero"])
+    with pytest.raises(UsageError, match="reasoners train with ddp"):
+        build_reasoner_config(REASONER, ["train.parallel=fsdp"])
+    alone = train(build_run_config(LM, ["train.parallel=fsdp"]), tmp_path / "alone", stop_at=2)
+    assert alone.losses == one_process_run.losses[:2]
 
 
 def test_deep_supervision_ranks_stay_in_step(two_process_runs, tmp_path):

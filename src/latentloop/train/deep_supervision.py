@@ -82,6 +82,10 @@ class ReasonerTrainConfig(TrainConfig):
         super().__post_init__()
         if not 0 <= self.ema < 1:
             raise UsageError(f"train.ema must be in [0, 1), got {self.ema}")
+        if self.parallel != "ddp":
+            raise UsageError(
+                f"train.parallel={self.parallel} is for the recurrent-depth LM; reasoners train with ddp"
+            )
 
 
 @dataclass

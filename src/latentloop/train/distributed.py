@@ -13,13 +13,20 @@ group that torchrun's environment describes (``RANK``, ``WORLD_SIZE``, ``LOCAL_R
 - DistributedDataParallel averages gradients over ranks; with equal shards (and losses weighted by each
   shard's share of the global normaliser) the average is the one-process gradient of the global batch.
 - Only rank 0 writes checkpoints, metrics and log lines (:attr:`DistContext.is_main`).
+
+``train.parallel=fsdp`` shards parameters, gradients and optimizer moments over the ranks instead of
+replicating them (FSDP2, :func:`fully_shard_model`); the arithmetic is the same as DDP's (each rank's gradient
+is the mean over ranks), so the losses match up to float rounding. Checkpoints keep the single-file layout:
+the full state is gathered to rank 0 for saving (:func:`gather_full_state`) and a full checkpoint is split
+back into shards on resume (:func:`load_full_optimizer_state`), so a run may switch between DDP, FSDP and one
+process.
 """
 
 from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -31,6 +38,8 @@ from latentloop.errors import UsageError
 F = TypeVar("F", bound=Callable[..., Any])
 
 _ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+PARALLEL = ("ddp", "fsdp")  # the values of train.parallel
 
 
 @dataclass(frozen=True)
@@ -164,6 +173,105 @@ def wrap(model: torch.nn.Module, ctx: DistContext, device: str) -> torch.nn.Modu
 
     device_ids = [torch.device(device).index] if device.startswith("cuda") else None
     return DistributedDataParallel(model, device_ids=device_ids)
+
+
+def fully_shard_model(
+    model: torch.nn.Module, blocks: Iterable[torch.nn.Module], ctx: DistContext, device: str
+) -> torch.nn.Module:
+    """``model`` fully sharded over the ranks with FSDP2 (in place), or ``model`` itself in one process.
+
+    Each of ``blocks`` becomes its own group, all-gathered only around its own forward and backward (a block
+    that runs several times in one forward, such as the recurrent core, is gathered for each run), then the
+    root takes the parameters left over (embeddings, norms, head; tied weights stay tied). The parameters may
+    be on the CPU: FSDP moves only each rank's shard to ``device``, so the full model never has to fit one
+    accelerator. Every rank must pass the same weights (the same seed or checkpoint); unlike DDP, FSDP does
+    not broadcast them, it keeps each rank's own slice.
+    """
+    if not ctx.enabled:
+        return model
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    if device.startswith("cuda"):
+        # The mesh communicates on the current device, which a caller-made process group may not have set.
+        torch.cuda.set_device(torch.device(device))
+    mesh = init_device_mesh("cuda" if device.startswith("cuda") else "cpu", (ctx.world_size,))
+    for block in blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def full_value(tensor: torch.Tensor) -> torch.Tensor:
+    """A plain tensor for a (possibly distributed) result such as a sharded model's gradient norm, which
+    :func:`torch.nn.utils.clip_grad_norm_` returns as a replicated DTensor of the global norm."""
+    from torch.distributed.tensor import DTensor
+
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
+def _full_options() -> Any:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+def gather_full_state(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, ctx: DistContext
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """The full (unsharded, CPU) model and optimizer state of a sharded ``model`` on rank 0; empty dicts on
+    the other ranks. A collective: every rank must call it.
+
+    The model state is keyed by parameter name (``model.state_dict()``'s keys); the optimizer state has the
+    form of ``optimizer.state_dict()`` of the same optimizer over the unsharded model (parameters numbered in
+    optimizer order), which is what single-process and DDP checkpoints hold.
+    """
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+    model_state = get_model_state_dict(model, options=_full_options())
+    if not optimizer.state:
+        # Before the first step there is nothing to gather, and the gathering call would create the state by
+        # running a zero-gradient step, which counts as an Adam step on resume.
+        optim_state = optimizer.state_dict() if ctx.is_main else {}
+        return model_state, optim_state
+    by_name = get_optimizer_state_dict(model, optimizer, options=_full_options())
+    if not by_name:  # ranks other than 0
+        return model_state, {}
+    names = [name for group in by_name["param_groups"] for name in group["params"]]
+    index = {name: i for i, name in enumerate(names)}
+    optim_state = {
+        "state": {index[name]: value for name, value in by_name["state"].items()},
+        "param_groups": [
+            {**group, "params": [index[name] for name in group["params"]]}
+            for group in by_name["param_groups"]
+        ],
+    }
+    return model_state, optim_state
+
+
+def load_full_optimizer_state(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
+) -> None:
+    """Load a full ``optimizer.state_dict()`` (as saved by one process, DDP, or :func:`gather_full_state`)
+    into the optimizer of a sharded ``model``; every rank passes the same full state and keeps its shard."""
+    if not state.get("state"):
+        # Nothing to shard (a checkpoint from before the first step); this keeps the state empty, whereas the
+        # sharded loader would first create one with a zero-gradient step.
+        optimizer.load_state_dict(state)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    names = {id(param): name for name, param in model.named_parameters()}
+    order = [names[id(param)] for group in optimizer.param_groups for param in group["params"]]
+    if len(order) != sum(len(group["params"]) for group in state["param_groups"]):
+        raise ValueError("the saved optimizer state has a different number of parameters than the model")
+    by_name = {
+        "state": {order[i]: value for i, value in state["state"].items()},
+        "param_groups": [
+            {**group, "params": [order[i] for i in group["params"]]} for group in state["param_groups"]
+        ],
+    }
+    set_optimizer_state_dict(model, optimizer, by_name, options=StateDictOptions(full_state_dict=True))
 
 
 def broadcast_module(module: torch.nn.Module, ctx: DistContext) -> None:

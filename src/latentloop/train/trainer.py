@@ -10,7 +10,10 @@ exactly on the same machine.
 Under ``torchrun`` the same loop runs data-parallel (see :mod:`latentloop.train.distributed`): every rank builds
 the step's global batch and keeps its slice, the initial latent state is drawn for the global batch and sliced,
 and each rank's loss is weighted by its share of the global batch's scored tokens, so the averaged gradient
-(and the logged loss) equals the single-process one up to float rounding.
+(and the logged loss) equals the single-process one up to float rounding. ``train.parallel`` picks how:
+``ddp`` replicates the model on every rank, ``fsdp`` shards each transformer block (prelude, recurrent core,
+coda) and the rest of the model over the ranks (FSDP2) for models too large for one device; checkpoints are
+the same single-file layout either way.
 
 Configs are data: :class:`RunConfig` has sections ``model`` (:class:`RecurrentDepthConfig`), ``train``
 (:class:`TrainConfig`) and ``task`` (a name plus the task's options), loads from YAML and takes ``key=value``
@@ -86,8 +89,14 @@ class TrainConfig:
     checkpoint_every: int = 500
     keep_checkpoints: int = 2
     tensorboard: bool = True
+    # With several processes: ddp (a replica of the model per rank) or fsdp (sharded); one process ignores it.
+    parallel: str = "ddp"
 
     def __post_init__(self) -> None:
+        if self.parallel not in dist.PARALLEL:
+            raise UsageError(
+                f"train.parallel must be one of {', '.join(dist.PARALLEL)}, got {self.parallel!r}"
+            )
         if self.precision not in PRECISIONS:
             raise UsageError(
                 f"train.precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}"
@@ -399,6 +408,25 @@ def _load_model_from(checkpoint: Path, config: RecurrentDepthConfig) -> Recurren
     return model
 
 
+def _unsharded_copy(
+    config: RunConfig, model_state: dict[str, torch.Tensor], optimizer_state: dict[str, Any]
+) -> tuple[RecurrentDepthLM, torch.optim.Optimizer]:
+    """A plain model and optimizer holding a gathered full state, for :func:`save_checkpoint`.
+
+    Built on the meta device and then given the gathered tensors, so no weights are drawn: the global RNG,
+    which the run's next steps use, is left untouched, and no memory goes to weights that would be replaced.
+    """
+    with torch.device("meta"):
+        model = RecurrentDepthLM(copy.deepcopy(config.model))
+    model.load_state_dict(model_state, assign=True)
+    if config.model.tie_embeddings:  # assignment gives the tied names separate parameters: tie them again
+        model.lm_head.weight = model.transformer.wte.weight
+    tc = config.train
+    optimizer = build_optimizer(model, tc.lr, tc.betas, tc.weight_decay, tc.eps)
+    optimizer.load_state_dict(optimizer_state)
+    return model, optimizer
+
+
 def _initial_state(
     model: RecurrentDepthLM, shape: torch.Size, init_scale: float, device: str
 ) -> torch.Tensor | None:
@@ -466,10 +494,13 @@ def _train(
     # Rank 0 picks the checkpoint, so that all ranks resume from the same one.
     found = dist.broadcast_object(str(latest_checkpoint(out) or ""), ctx)
     checkpoint = Path(found) if found else None
+    sharded = ctx.enabled and tc.parallel == "fsdp"
     if checkpoint is not None:
-        model = _load_model_from(checkpoint, config.model).to(device)
+        model = _load_model_from(checkpoint, config.model)
     else:
-        model = RecurrentDepthLM(config.model).to(device)
+        model = RecurrentDepthLM(config.model)
+    if not sharded:  # FSDP moves only each rank's shard to the device
+        model = model.to(device)
     model.train()
     optimizer = build_optimizer(model, tc.lr, tc.betas, tc.weight_decay, tc.eps)
     tokens_per_step = tc.batch_size * task.seq_len
@@ -479,14 +510,25 @@ def _train(
     )
     start_step, tokens_seen = 0, 0
     if checkpoint is not None:
+        # Under FSDP this optimizer, over the still unsharded model, only reads and checks the full saved
+        # state, which is then split into the sharded optimizer's shards below.
         state, torch_rng = load_training_state(checkpoint, optimizer)
         start_step, tokens_seen = state["step"], int(state.get("tokens_seen", 0))
         restore_training_rng(state, torch_rng, ctx.rank, ctx.world_size)
         if log:
             log(f"resuming from {checkpoint} (step {start_step})")
+    if sharded:
+        full_optimizer_state = optimizer.state_dict()
+        blocks = [*model.transformer.prelude, *model.transformer.core_block, *model.transformer.coda]
+        forward = model = dist.fully_shard_model(model, blocks, ctx, device)
+        optimizer = build_optimizer(model, tc.lr, tc.betas, tc.weight_decay, tc.eps)
+        if checkpoint is not None:
+            dist.load_full_optimizer_state(model, optimizer, full_optimizer_state)
+        del full_optimizer_state
+    else:
+        forward = dist.wrap(model, ctx, device)
     if ctx.is_main:
         save_run_config(config, out / "config.yaml")
-    forward = dist.wrap(model, ctx, device)
 
     sampler = sampler_for(config.model, tc.seed)
     metrics = _Metrics(out, start_step, tc.tensorboard, enabled=ctx.is_main)
@@ -506,6 +548,12 @@ def _train(
         # Every rank hands its RNG states to rank 0, which alone writes the checkpoint.
         rank_rng = dist.gather_objects(capture_rank_rng(), ctx)
         path = out / "checkpoints" / checkpoint_name(at)
+        saved_model, saved_optimizer = model, optimizer
+        if sharded:
+            model_state, optimizer_state = dist.gather_full_state(model, optimizer, ctx)
+            if ctx.is_main:
+                saved_model, saved_optimizer = _unsharded_copy(config, model_state, optimizer_state)
+            del model_state, optimizer_state
         if ctx.is_main:
             state = {
                 "tokens_seen": tokens_seen,
@@ -513,8 +561,11 @@ def _train(
                 "seed": tc.seed,
                 "task": config.task.name,
                 "world_size": ctx.world_size,
+                "parallel": tc.parallel if ctx.enabled else "none",
             }
-            path = save_checkpoint(out, at, model, optimizer, state, tc.keep_checkpoints, rank_rng=rank_rng)
+            path = save_checkpoint(
+                out, at, saved_model, saved_optimizer, state, tc.keep_checkpoints, rank_rng=rank_rng
+            )
         dist.barrier(ctx)
         return path
 
@@ -570,8 +621,11 @@ def _train(
                         f"last checkpoint: {last_saved or 'none'}; try a lower train.lr"
                     )
                 loss.backward()
-                grad_norm = torch.nn.utils.clip_grad_norm_(
-                    model.parameters(), tc.grad_clip if tc.grad_clip > 0 else math.inf
+                # Under FSDP the parameters are shards (DTensors) and this is the norm over all of them.
+                grad_norm = dist.full_value(
+                    torch.nn.utils.clip_grad_norm_(
+                        model.parameters(), tc.grad_clip if tc.grad_clip > 0 else math.inf
+                    )
                 )
                 if not torch.isfinite(grad_norm):
                     raise TrainingError(
@@ -616,7 +670,9 @@ def _train(
                         )
                     window = dict.fromkeys(window, 0.0)
                 if tc.eval_every and step % tc.eval_every == 0:
-                    last_eval = _quick_eval(model, task, config, step, precision, autocast_device, ctx)
+                    last_eval = _quick_eval(
+                        model, task, config, step, precision, autocast_device, ctx, split=not sharded
+                    )
                     metrics.write(last_eval)
                     if log:
                         log(_format_eval(last_eval))
@@ -631,7 +687,7 @@ def _train(
     if step != saved_step:
         last_saved = save(step)
     if stopped != "stop_at" and (last_eval is None or last_eval["step"] != step) and tc.eval_size:
-        last_eval = _quick_eval(model, task, config, step, precision, autocast_device, ctx)
+        last_eval = _quick_eval(model, task, config, step, precision, autocast_device, ctx, split=not sharded)
         metrics.write(last_eval)
         if log:
             log(_format_eval(last_eval))
@@ -674,15 +730,20 @@ def _quick_eval(
     precision: str,
     device: str,
     ctx: dist.DistContext = dist.SINGLE,
+    split: bool = True,
 ) -> dict[str, Any]:
     """Held-out metric at the mean training depth on ``train.eval_size`` examples (deterministic: zero init).
-    With several processes each rank evaluates its share of the batches and the counts are summed."""
+    With several processes each rank evaluates its share of the batches and the counts are summed; with
+    ``split=False`` (a sharded model, whose every forward is a collective that all ranks must join) every
+    rank evaluates all batches."""
     from latentloop.eval.lm import heldout_metric
+
+    split = split and ctx.enabled
 
     depth = config.model.mean_recurrence
     was_training = model.training
     model.eval()
-    shard = _RankBatches(task, ctx) if ctx.enabled else task
+    shard = _RankBatches(task, ctx) if split else task
     value: dict[str, Any] | None
     try:
         with torch.autocast(device, dtype=torch.bfloat16, enabled=precision == "bf16"):
@@ -690,12 +751,12 @@ def _quick_eval(
                 model, shard, depth, batch_size=config.train.eval_batch_size, limit=config.train.eval_size
             )
     except UsageError:
-        if not ctx.enabled or shard.batches:
+        if not split or shard.batches:
             raise
         value = None  # this rank's share is empty: it adds nothing to the sums below
     finally:
         model.train(was_training)
-    if ctx.enabled:
+    if split:
         if task.metric == "exact_match":
             correct, total = dist.all_reduce_sum(
                 [value["exact_match"] * value["n"], value["n"]] if value else [0.0, 0.0], ctx
