@@ -153,3 +153,12 @@ def test_run_writes_the_results_file_section(tmp_path, capsys):
     assert "intro kept" in text and text.count("<!-- experiment: tiny -->") == 1
     assert f"latentloop run {path}" in text and "| gram |" in text
     assert "report:" in capsys.readouterr().out
+
+
+def test_generative_baselines_are_evaluated_with_their_own_decoding_steps(tmp_path):
+    run = {"arch": "ar", "model": TINY_MODEL, "train": TINY_TRAIN, "task": {"name": "nqueens", "n": 5}}
+    (tmp_path / "ar.yaml").write_text(yaml.safe_dump(run))
+    path = write_experiment(tmp_path, models={"ar": {"config": "ar.yaml"}, "trm": {"config": "trm.yaml"}})
+    results = run_experiment(load_experiment(str(path)), tmp_path / "out", progress=False, log=lambda _: None)
+    assert len(results["models"]["ar"]["eval"]["curve_steps"]) == 1  # one left-to-right pass
+    assert len(results["models"]["trm"]["eval"]["curve_steps"]) == 2  # the experiment's supervision steps

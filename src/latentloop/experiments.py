@@ -183,23 +183,30 @@ def _train_model(
     return summary
 
 
-def _evaluate_model(spec: ModelSpec, folder: Path, settings: EvalSpec, log: Callable[[str], None]) -> dict:
+def _evaluate_model(
+    spec: ModelSpec, folder: Path, arch: str, settings: EvalSpec, log: Callable[[str], None]
+) -> dict:
     from latentloop.eval.reasoners import evaluate_reasoner
+    from latentloop.models.reasoners import REASONERS
 
-    wanted = {"samples": settings.samples, "steps": settings.steps, "select": settings.select}
+    # The generative baselines decode with their own loop (AR: one pass; MDLM: its unmasking steps), so the
+    # experiment's supervision-step count does not apply to them: they use their own default.
+    steps = None if hasattr(REASONERS[arch], "sample") else settings.steps
+    wanted = {"samples": settings.samples, "select": settings.select}
     report = _read_json(folder / "eval.json")
     if (
         report is not None
         and all(report.get(k) == v for k, v in wanted.items())
-        and report.get("limit") == (settings.limit)
+        and report.get("limit") == settings.limit
+        and report.get("requested_steps", report.get("steps")) == steps
     ):
         log(f"{spec.name}: evaluated already, skipping")
         return report
-    log(f"{spec.name}: evaluating ({settings.samples} samples, steps 1..{settings.steps})")
+    log(f"{spec.name}: evaluating ({settings.samples} samples, steps 1..{steps or 'model default'})")
     report = evaluate_reasoner(
-        folder, samples=settings.samples, steps=settings.steps, select=settings.select, limit=settings.limit
+        folder, samples=settings.samples, steps=steps, select=settings.select, limit=settings.limit
     )
-    report["limit"] = settings.limit
+    report["limit"], report["requested_steps"] = settings.limit, steps
     _write_json(folder / "eval.json", report)
     return report
 
@@ -241,7 +248,7 @@ def run_experiment(
     for spec in experiment.models:
         folder = out / spec.name
         train = _train_model(spec, folder, round(per_model, 4), progress, log)
-        report = _evaluate_model(spec, folder, experiment.eval, log)
+        report = _evaluate_model(spec, folder, train["arch"], experiment.eval, log)
         rows[spec.name] = {"train": train, "eval": report}
     results = {
         "experiment": experiment.name,
