@@ -336,19 +336,34 @@ def report_markdown(results: dict[str, Any], command: str | None = None) -> str:
             paper = results["paper"].get(r["model"], {})
             line += " " + (" / ".join(f"{k} {v:g}" for k, v in paper.items()) or "-") + " |"
         lines.append(line)
-    lines += ["", "Accuracy (vote) against supervision steps:", ""]
-    steps = [p["steps"] for p in first["curve_steps"]]
-    lines += ["| model | " + " | ".join(str(s) for s in steps) + " |", "|---|" + "---|" * len(steps)]
-    for name, row in results["models"].items():
-        lines.append(
-            f"| {name} | " + " | ".join(_pct(p["accuracy"]) for p in row["eval"]["curve_steps"]) + " |"
-        )
-    lines += ["", "Against samples (last step): vote / value" + (" / coverage" if has_cov else ""), ""]
-    ks = [p["samples"] for p in first["curve_samples"]]
-    lines += ["| model | " + " | ".join(str(k) for k in ks) + " |", "|---|" + "---|" * len(ks)]
-    for name, row in results["models"].items():
+    curves = {name: row["eval"] for name, row in results["models"].items()}
+    steps = sorted({p["steps"] for report in curves.values() for p in report["curve_steps"]})
+    shown_steps = [s for s in steps if s <= 4 or s in (8, 16, 32) or s == steps[-1]]
+    lines += [
+        "",
+        "Accuracy (vote) against depth: supervision steps (MDLM: unmasking steps; AR decodes in one pass):",
+        "",
+        "| model | " + " | ".join(str(s) for s in shown_steps) + " |",
+        "|---|" + "---|" * len(shown_steps),
+    ]
+    for name, report in curves.items():
+        by_step = {p["steps"]: p["accuracy"] for p in report["curve_steps"]}
+        lines.append(f"| {name} | " + " | ".join(_pct(by_step.get(s)) for s in shown_steps) + " |")
+    ks = [k for k in (1, 2, 5, 10, 20, 50, 100) if k <= ev["samples"]]
+    if ev["samples"] not in ks:
+        ks.append(ev["samples"])
+    lines += [
+        "",
+        "Against samples at the last step: vote / value" + (" / coverage" if has_cov else ""),
+        "",
+        "| model | " + " | ".join(str(k) for k in ks) + " |",
+        "|---|" + "---|" * len(ks),
+    ]
+    for name, report in curves.items():
+        by_k = {p["samples"]: p for p in report["curve_samples"]}
         cells = []
-        for p in row["eval"]["curve_samples"]:
+        for k in ks:
+            p = by_k[k]
             parts = [_pct(p["vote"]), _pct(p["value"])] + ([_pct(p.get("coverage"))] if has_cov else [])
             cells.append(" / ".join(parts))
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
