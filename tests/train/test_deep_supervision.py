@@ -15,23 +15,9 @@ from latentloop.train.deep_supervision import (
     train_batch,
     train_reasoner,
 )
+from tests.train.conftest import TINY_REASONER
 
-TINY = {
-    "model": {"dim": 16, "n_heads": 2, "n_layers": 1, "hidden": 32, "n_sup": 2, "cycles": 2, "inner": 2},
-    "train": {
-        "lr": 3e-3,
-        "warmup_steps": 2,
-        "batch_size": 8,
-        "steps": 4,
-        "precision": "fp32",
-        "device": "cpu",
-        "log_every": 1,
-        "eval_size": 4,
-        "checkpoint_every": 0,
-        "tensorboard": False,
-    },
-    "task": {"name": "nqueens", "n": 5},
-}
+TINY = TINY_REASONER
 
 
 def config(arch="gram", **train):
