@@ -1,6 +1,6 @@
 """Never lose a run: ``latentloop train`` killed with SIGKILL at random moments, and at each phase of writing a
 checkpoint, then restarted with the same command, ends with the weights and the loss curve of an
-uninterrupted run (to float rounding)."""
+uninterrupted run, bit for bit."""
 
 from __future__ import annotations
 
@@ -157,12 +157,10 @@ class Run:
         assert final is not None and final.name == f"step_{STEPS:08d}"
         saved = load_file(str(final / "model.safetensors"))
         assert saved.keys() == weights.keys()
-        # Float-rounding tolerance: a resumed run is meant to match bit for bit, but in some kill sequences
-        # it differs in the last bits (a known defect); a resume from the wrong state differs by far more.
         for key, value in weights.items():
-            assert torch.allclose(saved[key], value, rtol=0, atol=1e-5), key
+            assert torch.equal(saved[key], value), key
         records = [json.loads(line) for line in (self.out / "metrics.jsonl").read_text().splitlines()]
-        assert [r["loss"] for r in records if r["kind"] == "train"] == pytest.approx(losses, rel=1e-5)
+        assert [r["loss"] for r in records if r["kind"] == "train"] == losses
 
 
 def test_killed_in_each_phase_of_a_checkpoint_write(tmp_path, reference):

@@ -36,6 +36,7 @@ from latentloop.data.dataset import build_dataset, load_dataset
 from latentloop.errors import UsageError
 from latentloop.models.reasoners import REASONERS, Reasoner, ReasonerConfig, build_reasoner, num_parameters
 from latentloop.models.reasoners.heads import continue_target
+from latentloop.runtime import settle_vector_math
 from latentloop.tasks.base import Task, get_task
 from latentloop.train import distributed as dist
 from latentloop.train.checkpoint import (
@@ -58,6 +59,7 @@ from latentloop.train.trainer import (
     build_run_config,
     measure_matmul_speed,
     resolve_device,
+    resumed_precision,
     save_run_config,
 )
 
@@ -367,6 +369,7 @@ def train_reasoner(
     tc, arch = config.train, config.arch
     task = get_task(config.task.name, **config.task.options)
     config.model = fit_to_task(config.model, task)
+    settle_vector_math()
     ctx, device = dist.setup(resolve_device(tc.device))
     dist.check_batch(tc.batch_size, ctx)
     if not ctx.is_main:
@@ -402,9 +405,11 @@ def train_reasoner(
     # Ranks start equal and stay equal: the same averaged gradients give the same updates.
     dist.broadcast_module(model, ctx)
     dist.broadcast_module(ema, ctx)
-    # "auto" times matmuls, which may come out differently on each rank; rank 0's choice holds for all.
+    # "auto" times matmuls, which may come out differently on each rank; rank 0's choice holds for all,
+    # and a resumed run keeps the choice it made when it started.
+    requested = resumed_precision(tc.precision, state if checkpoint is not None else None)
     precision = dist.broadcast_object(
-        _choose_precision(tc.precision, config.model, tc.batch_size * task.seq_len, device), ctx
+        _choose_precision(requested, config.model, tc.batch_size * task.seq_len, device), ctx
     )
     autocast_device = "cuda" if device.startswith("cuda") else "cpu"
     n_sup = config.model.n_sup

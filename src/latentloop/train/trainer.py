@@ -43,6 +43,7 @@ import yaml
 from latentloop.config import apply_overrides, from_dict, load_yaml, save_yaml, to_dict
 from latentloop.errors import UsageError
 from latentloop.models.recurrent_depth import RecurrentDepthConfig, RecurrentDepthLM
+from latentloop.runtime import settle_vector_math
 from latentloop.tasks.base import get_task, task_class
 from latentloop.train import distributed as dist
 from latentloop.train.checkpoint import (
@@ -283,6 +284,13 @@ def choose_precision(requested: str, model_config: RecurrentDepthConfig, tokens:
     return "bf16" if timing["bf16"] < 0.9 * timing["fp32"] else "fp32"
 
 
+def resumed_precision(requested: str, saved_state: Mapping[str, Any] | None) -> str:
+    """``requested``, except that ``auto`` resumes with the precision the run's checkpoint was trained in
+    (timing again could switch precision mid-run)."""
+    saved = saved_state.get("precision") if saved_state is not None else None
+    return saved if requested == "auto" and saved in ("fp32", "bf16") else requested
+
+
 def resolve_device(requested: str) -> str:
     """``auto`` -> ``cuda`` when available, else ``cpu``."""
     if requested == "auto":
@@ -467,6 +475,7 @@ def train(
     if not hasattr(task, "train_batch"):
         raise UsageError(f"task {config.task.name!r} cannot train a language model")
     _check_fit(config, task)
+    settle_vector_math()
     ctx, device = dist.setup(resolve_device(tc.device))
     try:
         dist.check_batch(tc.batch_size, ctx)
@@ -504,11 +513,7 @@ def _train(
     model.train()
     optimizer = build_optimizer(model, tc.lr, tc.betas, tc.weight_decay, tc.eps)
     tokens_per_step = tc.batch_size * task.seq_len
-    # "auto" times matmuls, which may come out differently on each rank; rank 0's choice holds for all.
-    precision = dist.broadcast_object(
-        choose_precision(tc.precision, config.model, tokens_per_step, device), ctx
-    )
-    start_step, tokens_seen = 0, 0
+    start_step, tokens_seen, state = 0, 0, None
     if checkpoint is not None:
         # Under FSDP this optimizer, over the still unsharded model, only reads and checks the full saved
         # state, which is then split into the sharded optimizer's shards below.
@@ -517,6 +522,11 @@ def _train(
         restore_training_rng(state, torch_rng, ctx.rank, ctx.world_size)
         if log:
             log(f"resuming from {checkpoint} (step {start_step})")
+    # "auto" times matmuls, which may come out differently on each rank; rank 0's choice holds for all,
+    # and a resumed run keeps the choice it made when it started.
+    precision = dist.broadcast_object(
+        choose_precision(resumed_precision(tc.precision, state), config.model, tokens_per_step, device), ctx
+    )
     if sharded:
         full_optimizer_state = optimizer.state_dict()
         blocks = [*model.transformer.prelude, *model.transformer.core_block, *model.transformer.coda]
