@@ -164,7 +164,7 @@ def _train_model(
         load_yaml(spec.config), [*spec.overrides, f"train.budget_minutes={minutes}"]
     )
     log(f"{spec.name}: training for up to {minutes:g} min in {folder}")
-    result = train_reasoner(config, folder, progress=progress, log=None)
+    result = train_reasoner(config, folder, progress=spec.name if progress else False, log=None)
     summary = {
         "model": spec.name,
         "arch": config.arch,

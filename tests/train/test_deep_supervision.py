@@ -11,6 +11,7 @@ import torch
 from latentloop.errors import UsageError
 from latentloop.train.deep_supervision import (
     build_reasoner_config,
+    model_noise_seed,
     stablemax_log_probs,
     train_batch,
     train_reasoner,
@@ -33,6 +34,17 @@ def test_resumed_training_continues_exactly(tmp_path):
     assert second.resumed_from == 2
     assert len(whole.losses) == 4 * 2  # one loss per supervision step (n_sup = 2 per batch)
     assert first.losses + second.losses == whole.losses
+
+
+def test_model_noise_is_a_pure_function_of_seed_step_and_rank():
+    assert model_noise_seed(0, 5, 0) == model_noise_seed(0, 5, 0)
+    # Ranks hold different rows of one batch: their noise must not repeat across ranks, steps or seeds.
+    seeds = {model_noise_seed(seed, step, rank) for seed in (0, 1) for step in range(50) for rank in range(4)}
+    assert len(seeds) == 2 * 50 * 4
+    torch.manual_seed(model_noise_seed(0, 5, 0))
+    rank0 = torch.randn(8)
+    torch.manual_seed(model_noise_seed(0, 5, 1))
+    assert not torch.equal(rank0, torch.randn(8))
 
 
 def test_every_supervision_step_is_an_optimizer_step(tmp_path):

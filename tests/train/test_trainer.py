@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import signal
+import time
 
 import pytest
 import torch
@@ -21,6 +23,7 @@ from latentloop.train.trainer import (
     build_run_config,
     choose_precision,
     load_run_config,
+    resumed_precision,
     train,
 )
 
@@ -194,3 +197,23 @@ def test_model_must_fit_the_task(tiny_config, tmp_path):
     )
     with pytest.raises(UsageError, match="vocab_size"):
         train(small_vocab, tmp_path)
+
+
+def test_auto_precision_resumes_with_the_choice_the_run_started_with():
+    # Timing matmuls again on resume could switch a run from fp32 to bf16 half way.
+    assert resumed_precision("auto", {"precision": "bf16"}) == "bf16"
+    assert resumed_precision("auto", None) == "auto"
+    assert resumed_precision("fp32", {"precision": "bf16"}) == "fp32"  # an explicit setting wins
+
+
+def test_progress_bar_counts_down_the_sooner_of_steps_and_budget():
+    from latentloop.train.trainer import _ProgressBar
+
+    now = time.perf_counter()
+    budget_bound = _ProgressBar(False, total=1000, completed=0, budget_s=60.0, started=now - 50.0)
+    budget_bound.first_time = now - 1.0  # one step took a second: 999 s by the steps, 10 s by the budget
+    assert 9.0 < budget_bound.seconds_left(1) <= 10.0
+    steps_bound = _ProgressBar(False, total=11, completed=1, started=now)
+    steps_bound.first_time = now - 2.0  # two steps since the resume took two seconds: 8 left
+    assert 8.0 <= steps_bound.seconds_left(3) < 8.5
+    assert steps_bound.seconds_left(1) == math.inf  # no step yet: no estimate

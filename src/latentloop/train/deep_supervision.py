@@ -14,7 +14,8 @@ samples), which keeps every step's cost and randomness fixed. Loss of a supervis
 
 An EMA of the weights is kept and is what checkpoints' ``model.safetensors`` (and so ``latentloop eval``) hold;
 the raw weights go beside it in ``train_model.safetensors`` for resuming. Checkpoints are written between
-batches, so a resumed run reproduces the uninterrupted run's losses exactly on the same machine.
+batches, and the model's noise is drawn from a seed of ``(seed, step, rank)``, so a resumed run reproduces
+the uninterrupted run's losses exactly on the same machine.
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ from latentloop.train.trainer import (
 )
 
 TRAIN_WEIGHTS = "train_model.safetensors"
+_NOISE_STREAM = 0x4E015E  # keeps model-noise seeds apart from data seeds of the same (seed, step)
 
 
 @dataclass
@@ -348,16 +350,25 @@ def _choose_precision(requested: str, config: ReasonerConfig, tokens: int, devic
 
 
 @dist.leaves_group
+def model_noise_seed(seed: int, step: int, rank: int) -> int:
+    """Seed of the torch RNG for batch ``step`` on ``rank``, which draws the models' own noise (GRAM's ε,
+    MDLM's masking times and masks). A pure function, so a resumed run draws what the uninterrupted run drew,
+    whatever the process count; distinct per rank, so that ranks, holding different rows, draw independent
+    noise."""
+    return int(np.random.SeedSequence([_NOISE_STREAM, seed, step, rank]).generate_state(1, np.uint64)[0])
+
+
 def train_reasoner(
     config: ReasonerRunConfig,
     out_dir: str | Path,
-    progress: bool = False,
+    progress: bool | str = False,
     log: Callable[[str], None] | None = None,
     stop_at: int | None = None,
 ) -> ReasonerTrainResult:
     """Train (or resume) the reasoner run in ``out_dir`` until ``train.steps`` batches or the time budget.
 
-    ``stop_at`` ends this call after that many batches (as an interruption would), with a checkpoint.
+    ``progress`` shows a progress bar (a string names the phase on it, e.g. the model's name); ``stop_at``
+    ends this call after that many batches (as an interruption would), with a checkpoint.
     Under ``torchrun`` it trains data-parallel (see :mod:`latentloop.train.distributed`): each rank takes a
     slice of the step's batch and every supervision step's update is averaged over ranks, so ranks stay in
     step; only rank 0 writes to ``out_dir``.
@@ -424,7 +435,8 @@ def train_reasoner(
     last_saved, saved_step = checkpoint, (start_step if checkpoint is not None else -1)
     stopped, step = "steps", start_step
     wrapped = _TrainingWeights(model, ema)
-    bar = _ProgressBar(enabled=progress, total=tc.steps, completed=start_step)
+    phase = f"{progress} train" if isinstance(progress, str) else "train"
+    bar = _ProgressBar(bool(progress), tc.steps, start_step, phase, "ex/s", budget_s, started)
 
     def trainer_state() -> dict[str, Any]:
         return {
@@ -465,6 +477,7 @@ def train_reasoner(
                     break
                 tick = time.perf_counter()
                 inputs, labels = train_batch(task, data["train"], step, tc.batch_size, tc.seed, tc.augment)
+                torch.manual_seed(model_noise_seed(tc.seed, step, ctx.rank))
                 inputs, labels = dist.shard(inputs, ctx).to(device), dist.shard(labels, ctx).to(device)
                 batch = {"inputs": inputs}
                 carry = model.initial_carry(batch)
@@ -509,7 +522,8 @@ def train_reasoner(
                 window["time"] = window.get("time", 0.0) + time.perf_counter() - tick
                 step += 1
                 examples_seen += tc.batch_size
-                bar.update(step, value, tc.batch_size / max(time.perf_counter() - tick, 1e-9))
+                accuracy = last_eval["accuracy"] if last_eval is not None else None
+                bar.update(step, value, tc.batch_size / max(time.perf_counter() - tick, 1e-9), accuracy)
                 if step % tc.log_every == 0 or step == end_step:
                     n_total, batches = window.pop("n"), window.pop("batches")
                     record: dict[str, Any] = {"kind": "train", "step": step, "lr": lr}

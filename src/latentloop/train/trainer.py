@@ -552,7 +552,7 @@ def _train(
     saved_step = start_step if checkpoint is not None else -1
     stopped = "steps"
     step = start_step
-    bar = _ProgressBar(enabled=progress, total=tc.steps, completed=start_step)
+    bar = _ProgressBar(progress, tc.steps, start_step, budget_s=budget_s, started=started)
 
     def save(at: int) -> Path:
         # Every rank hands its RNG states to rank 0, which alone writes the checkpoint.
@@ -818,34 +818,40 @@ class _InterruptFlag:
 
 
 class _ProgressBar:
-    """A rich progress bar with loss and tokens/s, or nothing when disabled."""
+    """A rich progress bar: the phase, steps done, loss, the latest held-out accuracy, throughput and the time
+    left (the sooner of the steps' ETA and the end of the time budget); nothing when disabled."""
 
-    def __init__(self, enabled: bool, total: int, completed: int) -> None:
-        self.enabled = enabled
+    def __init__(
+        self,
+        enabled: bool,
+        total: int,
+        completed: int,
+        phase: str = "train",
+        unit: str = "tok/s",
+        budget_s: float = math.inf,
+        started: float | None = None,
+    ) -> None:
+        self.enabled, self.total, self.budget_s = enabled, total, budget_s
+        self.started = time.perf_counter() if started is None else started
+        self.first_step, self.first_time = completed, time.perf_counter()
         self.progress = None
         if enabled:
             from rich.console import Console
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                Progress,
-                TextColumn,
-                TimeElapsedColumn,
-                TimeRemainingColumn,
-            )
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
             self.progress = Progress(
-                TextColumn("train"),
+                TextColumn("{task.description}"),
                 BarColumn(),
                 MofNCompleteColumn(),
                 TextColumn("loss {task.fields[loss]:.4f}"),
-                TextColumn("{task.fields[tps]:.0f} tok/s"),
+                TextColumn("{task.fields[accuracy]}"),
+                TextColumn(f"{{task.fields[rate]:.1f}} {unit}"),
                 TimeElapsedColumn(),
-                TimeRemainingColumn(),
+                TextColumn("{task.fields[left]}"),
                 console=Console(file=sys.stderr),
             )
             self.task = self.progress.add_task(
-                "train", total=total, completed=completed, loss=float("nan"), tps=0
+                phase, total=total, completed=completed, loss=float("nan"), accuracy="", rate=0.0, left=""
             )
 
     def __enter__(self) -> _ProgressBar:
@@ -857,6 +863,19 @@ class _ProgressBar:
         if self.progress is not None:
             self.progress.stop()
 
-    def update(self, step: int, loss: float, tokens_per_s: float) -> None:
-        if self.progress is not None:
-            self.progress.update(self.task, completed=step, loss=loss, tps=tokens_per_s)
+    def seconds_left(self, step: int) -> float:
+        """The sooner of the remaining steps at this run's pace and the remaining budget."""
+        now = time.perf_counter()
+        done = step - self.first_step
+        by_steps = (self.total - step) * (now - self.first_time) / done if done > 0 else math.inf
+        return max(0.0, min(by_steps, self.budget_s - (now - self.started)))
+
+    def update(self, step: int, loss: float, rate: float, accuracy: float | None = None) -> None:
+        if self.progress is None:
+            return
+        left = self.seconds_left(step)
+        fields: dict[str, Any] = {"loss": loss, "rate": rate}
+        fields["left"] = f"{int(left // 60)}:{int(left % 60):02d} left" if math.isfinite(left) else ""
+        if accuracy is not None:
+            fields["accuracy"] = f"acc {accuracy:.1%}"
+        self.progress.update(self.task, completed=step, **fields)
