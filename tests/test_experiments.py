@@ -162,3 +162,41 @@ def test_generative_baselines_are_evaluated_with_their_own_decoding_steps(tmp_pa
     results = run_experiment(load_experiment(str(path)), tmp_path / "out", progress=False, log=lambda _: None)
     assert len(results["models"]["ar"]["eval"]["curve_steps"]) == 1  # one left-to-right pass
     assert len(results["models"]["trm"]["eval"]["curve_steps"]) == 2  # the experiment's supervision steps
+
+
+def test_lm_experiment_reports_the_metric_against_depth(tmp_path):
+    from tests.train.conftest import TINY
+
+    lm = {**TINY, "train": {**TINY["train"], "steps": 2, "eval_size": 0}}
+    (tmp_path / "lm.yaml").write_text(yaml.safe_dump(lm))
+    spec = {
+        "kind": "lm",
+        "description": "tiny depth",
+        "budget_minutes": 5,
+        "models": {"huginn": {"config": "lm.yaml"}},
+        "eval": {"depths": [1, 3], "limit": 8},
+    }
+    (tmp_path / "depth.yaml").write_text(yaml.safe_dump(spec))
+    experiment = load_experiment(str(tmp_path / "depth.yaml"))
+    lines: list[str] = []
+    results = run_experiment(experiment, tmp_path / "out", progress=False, log=lines.append)
+    row = results["models"]["huginn"]
+    assert row["train"]["step"] == 2 and row["train"]["parameters"] > 0
+    assert [r["num_steps"] for r in row["eval"]["results"]] == [1, 3]
+    assert all(r["n"] == 8 for r in row["eval"]["results"])
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "| model | parameters | trained (min / steps) | r=1 | r=3 |" in report
+    assert (tmp_path / "out" / "curves.png").stat().st_size > 0
+    # A rerun reuses the finished training and evaluation.
+    lines.clear()
+    run_experiment(experiment, tmp_path / "out", progress=False, log=lines.append)
+    assert any("trained already" in line for line in lines) and any("evaluated already" in line for line in lines)
+
+
+def test_lm_experiment_depths_are_checked(tmp_path):
+    path = write_experiment(tmp_path, kind="lm", eval={"depths": [0, 2]})
+    with pytest.raises(UsageError, match="eval.depths"):
+        load_experiment(str(path))
+    path = write_experiment(tmp_path, kind="vision")
+    with pytest.raises(UsageError, match="kind must be"):
+        load_experiment(str(path))

@@ -10,6 +10,9 @@ An experiment is a YAML file in ``configs/experiments/``::
     eval: {samples: 20, steps: 16, limit: 200}
     paper: {gram: {accuracy: 99.7, coverage: 90.3}}   # the paper's numbers, shown beside ours
 
+An experiment with ``kind: lm`` trains recurrent-depth language models instead and evaluates each at the
+test-time depths ``eval.depths`` (``eval: {depths: [1, 2, 4, 8, 16, 32], limit: 1000}``).
+
 :func:`run_experiment` trains each model in ``OUT/<model>`` (resuming an interrupted run; a finished run is not
 trained again), evaluates it on the test split with depth (steps ``1..steps``) and width (samples
 ``1..samples``) curves, and writes ``results.json``, ``report.md`` and ``curves.png`` in ``OUT``. Every
@@ -53,6 +56,7 @@ class EvalSpec:
     steps: int = 16
     limit: int | None = None
     select: str = "vote"
+    depths: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32])  # kind: lm only
 
 
 @dataclass
@@ -68,6 +72,7 @@ class Experiment:
     paper: dict[str, dict[str, float]]
     paper_note: str = ""
     expected_minutes: float | None = None
+    kind: str = "reasoners"  # or "lm": recurrent-depth language models, evaluated against depth
 
 
 def available_experiments(folder: Path = EXPERIMENTS_DIR) -> list[str]:
@@ -107,13 +112,19 @@ def load_experiment(name_or_path: str) -> Experiment:
         overrides = [str(o) for o in entry.get("overrides") or []]
         specs.append(ModelSpec(str(model), config, overrides))
     raw_eval = data.get("eval") or {}
-    unknown = set(raw_eval) - {"samples", "steps", "limit", "select"}
+    unknown = set(raw_eval) - {"samples", "steps", "limit", "select", "depths"}
     if unknown:
         raise UsageError(f"{path}: unknown eval keys {', '.join(sorted(unknown))}")
     evaluation = EvalSpec(**raw_eval)
     for key in ("samples", "steps"):
         if int(getattr(evaluation, key)) < 1:
             raise UsageError(f"{path}: eval.{key} must be at least 1")
+    depths = evaluation.depths
+    if not isinstance(depths, list) or not depths or not all(isinstance(d, int) and d >= 1 for d in depths):
+        raise UsageError(f"{path}: eval.depths must be a list of positive integers")
+    kind = str(data.get("kind", "reasoners"))
+    if kind not in ("reasoners", "lm"):
+        raise UsageError(f"{path}: kind must be 'reasoners' or 'lm', not {kind!r}")
     expected = data.get("expected_minutes")
     return Experiment(
         name=path.stem,
@@ -125,6 +136,7 @@ def load_experiment(name_or_path: str) -> Experiment:
         paper={str(k): dict(v) for k, v in (data.get("paper") or {}).items()},
         paper_note=str(data.get("paper_note", "")).strip(),
         expected_minutes=float(expected) if expected is not None else None,
+        kind=kind,
     )
 
 
@@ -181,6 +193,61 @@ def _train_model(
     }
     _write_json(folder / "train.json", summary)
     return summary
+
+
+def _train_lm(
+    spec: ModelSpec, folder: Path, minutes: float, progress: bool, log: Callable[[str], None]
+) -> dict[str, Any]:
+    """Train (or resume) one recurrent-depth LM; its summary is stored in ``train.json`` once it has finished."""
+    import torch
+
+    from latentloop.models.recurrent_depth import RecurrentDepthLM
+    from latentloop.train.trainer import build_run_config, train
+
+    done = _read_json(folder / "train.json")
+    if done is not None and done.get("budget_minutes") == minutes:
+        log(f"{spec.name}: trained already ({done['step']} steps), skipping")
+        return done
+    config = build_run_config(load_yaml(spec.config), [*spec.overrides, f"train.budget_minutes={minutes}"])
+    log(f"{spec.name}: training for up to {minutes:g} min in {folder}")
+    result = train(config, folder, progress=progress)
+    with torch.device("meta"):  # the count only: no weights drawn
+        parameters = RecurrentDepthLM(config.model).num_parameters()
+    summary = {
+        "model": spec.name,
+        "arch": "recurrent-depth",
+        "config": str(spec.config),
+        "overrides": spec.overrides,
+        "budget_minutes": minutes,
+        "parameters": parameters,
+        "step": result.step,
+        "stopped": result.stopped,
+        "tokens_seen": result.tokens_seen,
+        "train_minutes": round(result.elapsed_s / 60, 2),
+        "precision": result.precision,
+        "final_loss": result.losses[-1] if result.losses else None,
+    }
+    _write_json(folder / "train.json", summary)
+    return summary
+
+
+def _evaluate_lm(spec: ModelSpec, folder: Path, settings: EvalSpec, log: Callable[[str], None]) -> dict:
+    """The held-out metric at each depth of ``settings.depths`` (also written as the run's eval files)."""
+    from latentloop.eval.lm import evaluate_lm
+
+    report = _read_json(folder / "eval.json")
+    if (
+        report is not None
+        and [r["num_steps"] for r in report.get("results", [])] == settings.depths
+        and report.get("limit") == settings.limit
+    ):
+        log(f"{spec.name}: evaluated already, skipping")
+        return report
+    log(f"{spec.name}: evaluating at depths {', '.join(map(str, settings.depths))}")
+    report = evaluate_lm(folder, settings.depths, limit=settings.limit)
+    report["limit"] = settings.limit
+    _write_json(folder / "eval.json", report)
+    return report
 
 
 def _evaluate_model(
@@ -247,11 +314,16 @@ def run_experiment(
     rows: dict[str, Any] = {}
     for spec in experiment.models:
         folder = out / spec.name
-        train = _train_model(spec, folder, round(per_model, 4), progress, log)
-        report = _evaluate_model(spec, folder, train["arch"], experiment.eval, log)
+        if experiment.kind == "lm":
+            train = _train_lm(spec, folder, round(per_model, 4), progress, log)
+            report = _evaluate_lm(spec, folder, experiment.eval, log)
+        else:
+            train = _train_model(spec, folder, round(per_model, 4), progress, log)
+            report = _evaluate_model(spec, folder, train["arch"], experiment.eval, log)
         rows[spec.name] = {"train": train, "eval": report}
     results = {
         "experiment": experiment.name,
+        "kind": experiment.kind,
         "description": experiment.description,
         "file": str(experiment.path),
         "date": started.strftime("%Y-%m-%d"),
@@ -274,7 +346,19 @@ def _pct(value: float | None) -> str:
 
 
 def summary_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
-    """One flat row per model: the headline numbers of the table."""
+    """One flat row per model: the headline numbers of the table (for ``kind: lm``, the metric by depth)."""
+    if results.get("kind") == "lm":
+        return [
+            {
+                "model": name,
+                "parameters": row["train"]["parameters"],
+                "train_minutes": row["train"]["train_minutes"],
+                "steps": row["train"]["step"],
+                "metric": row["eval"]["metric"],
+                "by_depth": {r["num_steps"]: r[row["eval"]["metric"]] for r in row["eval"]["results"]},
+            }
+            for name, row in results["models"].items()
+        ]
     rows = []
     for name, row in results["models"].items():
         report, train = row["eval"], row["train"]
@@ -296,8 +380,51 @@ def summary_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def _lm_report_markdown(results: dict[str, Any], command: str | None) -> str:
+    rows = summary_rows(results)
+    depths = sorted({d for r in rows for d in r["by_depth"]})
+    machine_ = results["machine"]
+    lines = [
+        f"## {results['experiment']}",
+        "",
+        results["description"],
+        "",
+        f"Measured on {results['date']} ({machine_['cpus']} CPUs, torch {machine_['torch']}, {machine_['device']}); "
+        f"training budget {results['budget_minutes_per_model']:g} min of wall-clock per model.",
+    ]
+    if command:
+        lines += ["", f"Command: `{command}`"]
+    metric = rows[0]["metric"].replace("_", " ")
+    lines += [
+        "",
+        f"Held-out {metric} against test-time depth (recurrent-core iterations):",
+        "",
+        "| model | parameters | trained (min / steps) | " + " | ".join(f"r={d}" for d in depths) + " |",
+        "|---|---|---|" + "---|" * len(depths),
+    ]
+    for r in rows:
+        cells = [
+            "-"
+            if r["by_depth"].get(d) is None
+            else (_pct(r["by_depth"][d]) if r["metric"] != "perplexity" else f"{r['by_depth'][d]:.2f}")
+            for d in depths
+        ]
+        lines.append(
+            f"| {r['model']} | {r['parameters']:,} | {r['train_minutes']:.1f} / {r['steps']} | "
+            + " | ".join(cells)
+            + " |"
+        )
+    for name, paper in results["paper"].items():
+        lines += ["", f"Paper ({name}): " + "; ".join(f"{k} {v}" for k, v in paper.items())]
+    if results.get("paper_note"):
+        lines += ["", results["paper_note"]]
+    return "\n".join(lines) + "\n"
+
+
 def report_markdown(results: dict[str, Any], command: str | None = None) -> str:
     """The experiment's table (ours beside the paper's) and its curves as Markdown."""
+    if results.get("kind") == "lm":
+        return _lm_report_markdown(results, command)
     ev = results["eval"]
     rows = summary_rows(results)
     has_cov = any(r["coverage"] is not None for r in rows)
@@ -380,6 +507,22 @@ def plot_results(results: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     models = results["models"]
+    if results.get("kind") == "lm":
+        fig, ax = plt.subplots(figsize=(4.8, 3.6))
+        for row in summary_rows(results):
+            depths = sorted(row["by_depth"])
+            ax.plot(depths, [row["by_depth"][d] for d in depths], "o-", label=row["model"], markersize=3)
+        ax.set(
+            xscale="log", xlabel="test-time depth (core iterations)", ylabel=row["metric"].replace("_", " ")
+        )
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.suptitle(results["experiment"])
+        fig.tight_layout()
+        with atomic_path(path) as temp:
+            fig.savefig(temp, format="png", dpi=110)
+        plt.close(fig)
+        return
     has_cov = any("coverage" in row["eval"] for row in models.values())
     panels = 3 if has_cov else 2
     fig, axes = plt.subplots(1, panels, figsize=(4.2 * panels, 3.6))

@@ -84,6 +84,14 @@ def run_command(
     if json_output:
         typer.echo(json.dumps(results))
         return
+    if results.get("kind") == "lm":
+        for row in summary_rows(results):
+            cells = "  ".join(f"r={d}: {value:.3g}" for d, value in sorted(row["by_depth"].items()))
+            typer.echo(f"{row['model']:<8} {row['parameters']:>11,}  {row['metric']}  {cells}")
+        typer.echo(f"report: {out_dir / 'report.md'}")
+        if report:
+            typer.echo(f"updated {report}")
+        return
     typer.echo(f"{'model':<8} {'params':>9} {'acc@1':>7} {'vote':>7} {'value':>7} {'coverage':>9}")
     for row in summary_rows(results):
         cells = [row["accuracy_1_sample"], row["accuracy_vote"], row["accuracy_value"], row["coverage"]]

@@ -519,6 +519,8 @@ def _train(
         # state, which is then split into the sharded optimizer's shards below.
         state, torch_rng = load_training_state(checkpoint, optimizer)
         start_step, tokens_seen = state["step"], int(state.get("tokens_seen", 0))
+        # The time budget covers the whole run, interrupted or not.
+        started -= float(state.get("train_seconds", 0.0))
         restore_training_rng(state, torch_rng, ctx.rank, ctx.world_size)
         if log:
             log(f"resuming from {checkpoint} (step {start_step})")
@@ -567,6 +569,7 @@ def _train(
         if ctx.is_main:
             state = {
                 "tokens_seen": tokens_seen,
+                "train_seconds": time.perf_counter() - started,
                 "precision": precision,
                 "seed": tc.seed,
                 "task": config.task.name,
