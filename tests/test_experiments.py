@@ -190,12 +190,14 @@ def test_lm_experiment_reports_the_metric_against_depth(tmp_path):
     # A rerun reuses the finished training and evaluation.
     lines.clear()
     run_experiment(experiment, tmp_path / "out", progress=False, log=lines.append)
-    assert any("trained already" in line for line in lines) and any("evaluated already" in line for line in lines)
+    assert any("trained already" in line for line in lines) and any(
+        "evaluated already" in line for line in lines
+    )
 
 
 def test_lm_experiment_depths_are_checked(tmp_path):
     path = write_experiment(tmp_path, kind="lm", eval={"depths": [0, 2]})
-    with pytest.raises(UsageError, match="eval.depths"):
+    with pytest.raises(UsageError, match=r"eval\.depths"):
         load_experiment(str(path))
     path = write_experiment(tmp_path, kind="vision")
     with pytest.raises(UsageError, match="kind must be"):

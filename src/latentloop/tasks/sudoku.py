@@ -657,6 +657,10 @@ class SudokuTask(Task):
                 p, s = augment(puzzle, solution, rng, self.box)
                 yield self.encode(p), self.encode(s), (index, copy), index, None
 
+    def blank(self) -> np.ndarray:
+        """The all-empty grid: its valid answers are all complete Sudoku boards (unconditional generation)."""
+        return np.zeros((self.n, self.n), dtype=np.int8)
+
     # -- tokens and checks ------------------------------------------------------------------------------
     def encode(self, puzzle: np.ndarray) -> np.ndarray:
         """Tokens ``[N*N]``: 1 for a blank, ``d + 1`` for digit ``d``."""
