@@ -202,3 +202,31 @@ def test_lm_experiment_depths_are_checked(tmp_path):
     path = write_experiment(tmp_path, kind="vision")
     with pytest.raises(UsageError, match="kind must be"):
         load_experiment(str(path))
+
+
+def test_generation_experiment_samples_and_scores_each_model(tmp_path):
+    run = {
+        "arch": "gram",
+        "model": TINY_MODEL,
+        "train": {**TINY_TRAIN, "halt_weight": 0.0, "value_weight": 0.0, "augment": False},
+        "task": {"name": "digits"},
+    }
+    (tmp_path / "gram.yaml").write_text(yaml.safe_dump(run))
+    spec = {
+        "kind": "generation",
+        "description": "tiny digits",
+        "budget_minutes": 5,
+        "models": {"gram": {"config": "gram.yaml"}},
+        "eval": {"samples": 6},
+    }
+    (tmp_path / "digits.yaml").write_text(yaml.safe_dump(spec))
+    results = run_experiment(
+        load_experiment(str(tmp_path / "digits.yaml")), tmp_path / "out", progress=False, log=lambda _: None
+    )
+    sampled = results["models"]["gram"]["eval"]
+    assert sampled["samples"] == 6 and 0 <= sampled["valid_fraction"] <= 1
+    assert {"inception_score", "frechet_distance"} <= set(sampled["scores"])
+    assert (tmp_path / "out" / "gram" / "samples.png").stat().st_size > 0
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "| gram |" in report and "real held-out digits (6)" in report
+    assert (tmp_path / "out" / "curves.png").stat().st_size > 0

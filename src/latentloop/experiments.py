@@ -11,7 +11,10 @@ An experiment is a YAML file in ``configs/experiments/``::
     paper: {gram: {accuracy: 99.7, coverage: 90.3}}   # the paper's numbers, shown beside ours
 
 An experiment with ``kind: lm`` trains recurrent-depth language models instead and evaluates each at the
-test-time depths ``eval.depths`` (``eval: {depths: [1, 2, 4, 8, 16, 32], limit: 1000}``).
+test-time depths ``eval.depths`` (``eval: {depths: [1, 2, 4, 8, 16, 32], limit: 1000}``). One with
+``kind: generation`` trains reasoners on a task with a blank puzzle (digits, Sudoku) and draws
+``eval.samples`` unconditional samples from each (``latentloop sample``): validity, and for digits the
+classifier scores beside real held-out digits.
 
 :func:`run_experiment` trains each model in ``OUT/<model>`` (resuming an interrupted run; a finished run is not
 trained again), evaluates it on the test split with depth (steps ``1..steps``) and width (samples
@@ -37,6 +40,7 @@ from latentloop.io import atomic_path, atomic_write_text
 
 EXPERIMENTS_DIR = Path(__file__).resolve().parents[2] / "configs" / "experiments"
 DEFAULT_EXPERIMENT = "default"
+KINDS = ("reasoners", "lm", "generation")
 
 
 @dataclass
@@ -72,7 +76,7 @@ class Experiment:
     paper: dict[str, dict[str, float]]
     paper_note: str = ""
     expected_minutes: float | None = None
-    kind: str = "reasoners"  # or "lm": recurrent-depth language models, evaluated against depth
+    kind: str = "reasoners"  # "lm": recurrent-depth LMs against depth; "generation": unconditional samples
 
 
 def available_experiments(folder: Path = EXPERIMENTS_DIR) -> list[str]:
@@ -123,8 +127,8 @@ def load_experiment(name_or_path: str) -> Experiment:
     if not isinstance(depths, list) or not depths or not all(isinstance(d, int) and d >= 1 for d in depths):
         raise UsageError(f"{path}: eval.depths must be a list of positive integers")
     kind = str(data.get("kind", "reasoners"))
-    if kind not in ("reasoners", "lm"):
-        raise UsageError(f"{path}: kind must be 'reasoners' or 'lm', not {kind!r}")
+    if kind not in KINDS:
+        raise UsageError(f"{path}: kind must be one of {', '.join(KINDS)}, not {kind!r}")
     expected = data.get("expected_minutes")
     return Experiment(
         name=path.stem,
@@ -250,6 +254,21 @@ def _evaluate_lm(spec: ModelSpec, folder: Path, settings: EvalSpec, log: Callabl
     return report
 
 
+def _sample_model(spec: ModelSpec, folder: Path, settings: EvalSpec, log: Callable[[str], None]) -> dict:
+    """``settings.samples`` unconditional samples of the run (its own default depth), judged and, for digits,
+    scored; the grid goes to ``MODEL/samples.png``."""
+    from latentloop.eval.generation import sample_run
+
+    report = _read_json(folder / "sample.json")
+    if report is not None and report.get("samples") == settings.samples:
+        log(f"{spec.name}: sampled already, skipping")
+        return report
+    log(f"{spec.name}: drawing {settings.samples} unconditional samples")
+    report = sample_run(folder, settings.samples, None, 0, 1.0, 256, str(folder / "samples.png"), None)
+    _write_json(folder / "sample.json", report)
+    return report
+
+
 def _evaluate_model(
     spec: ModelSpec, folder: Path, arch: str, settings: EvalSpec, log: Callable[[str], None]
 ) -> dict:
@@ -317,6 +336,9 @@ def run_experiment(
         if experiment.kind == "lm":
             train = _train_lm(spec, folder, round(per_model, 4), progress, log)
             report = _evaluate_lm(spec, folder, experiment.eval, log)
+        elif experiment.kind == "generation":
+            train = _train_model(spec, folder, round(per_model, 4), progress, log)
+            report = _sample_model(spec, folder, experiment.eval, log)
         else:
             train = _train_model(spec, folder, round(per_model, 4), progress, log)
             report = _evaluate_model(spec, folder, train["arch"], experiment.eval, log)
@@ -347,6 +369,25 @@ def _pct(value: float | None) -> str:
 
 def summary_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
     """One flat row per model: the headline numbers of the table (for ``kind: lm``, the metric by depth)."""
+    if results.get("kind") == "generation":
+        rows = []
+        for name, row in results["models"].items():
+            report, scores = row["eval"], row["eval"].get("scores", {})
+            rows.append(
+                {
+                    "model": name,
+                    "parameters": row["train"]["parameters"],
+                    "train_minutes": row["train"]["train_minutes"],
+                    "batches": row["train"]["step"],
+                    "samples": report["samples"],
+                    "samples_per_s": report["samples_per_s"],
+                    "valid_fraction": report["valid_fraction"],
+                    "distinct": report["distinct"],
+                    "inception_score": scores.get("inception_score"),
+                    "frechet_distance": scores.get("frechet_distance"),
+                }
+            )
+        return rows
     if results.get("kind") == "lm":
         return [
             {
@@ -421,10 +462,58 @@ def _lm_report_markdown(results: dict[str, Any], command: str | None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _generation_report_markdown(results: dict[str, Any], command: str | None) -> str:
+    rows = summary_rows(results)
+    machine_ = results["machine"]
+    lines = [
+        f"## {results['experiment']}",
+        "",
+        results["description"],
+        "",
+        f"Measured on {results['date']} ({machine_['cpus']} CPUs, torch {machine_['torch']}, {machine_['device']}); "
+        f"training budget {results['budget_minutes_per_model']:g} min of wall-clock per model; "
+        f"{rows[0]['samples']} samples per model at its own default depth.",
+    ]
+    if command:
+        lines += ["", f"Command: `{command}`"]
+    scored = any(r["inception_score"] is not None for r in rows)
+    header = "| model | parameters | trained (min / batches) | samples/s | valid (%) | distinct |"
+    rule = "|---|---|---|---|---|---|"
+    if scored:
+        header, rule = header + " inception score | Fréchet distance |", rule + "---|---|"
+    lines += ["", header, rule]
+
+    def num(value: float | None) -> str:
+        return "-" if value is None else f"{value:.2f}"
+
+    for r in rows:
+        line = (
+            f"| {r['model']} | {r['parameters']:,} | {r['train_minutes']:.1f} / {r['batches']} | "
+            f"{r['samples_per_s']:.1f} | {_pct(r['valid_fraction'])} | {r['distinct']} |"
+        )
+        if scored:
+            line += f" {num(r['inception_score'])} | {num(r['frechet_distance'])} |"
+        lines.append(line)
+    reference = next(
+        (row["eval"]["reference"] for row in results["models"].values() if "reference" in row["eval"]), None
+    )
+    if reference is not None:
+        lines.append(
+            f"| real held-out digits ({reference['images']}) | - | - | - | - | - | "
+            f"{num(reference['inception_score'])} | {num(reference['frechet_distance'])} |"
+        )
+    lines += ["", "Samples: " + ", ".join(f"`{name}/samples.png`" for name in results["models"]) + "."]
+    if results.get("paper_note"):
+        lines += ["", results["paper_note"]]
+    return "\n".join(lines) + "\n"
+
+
 def report_markdown(results: dict[str, Any], command: str | None = None) -> str:
     """The experiment's table (ours beside the paper's) and its curves as Markdown."""
     if results.get("kind") == "lm":
         return _lm_report_markdown(results, command)
+    if results.get("kind") == "generation":
+        return _generation_report_markdown(results, command)
     ev = results["eval"]
     rows = summary_rows(results)
     has_cov = any(r["coverage"] is not None for r in rows)
@@ -507,6 +596,21 @@ def plot_results(results: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     models = results["models"]
+    if results.get("kind") == "generation":  # the models' sample grids side by side
+        grids = [(name, row["eval"].get("image")) for name, row in models.items()]
+        grids = [(name, image) for name, image in grids if image and Path(image).is_file()]
+        if not grids:
+            return
+        fig, axes = plt.subplots(1, len(grids), figsize=(4.2 * len(grids), 4.4), squeeze=False)
+        for ax, (name, image) in zip(axes[0], grids, strict=True):
+            ax.imshow(plt.imread(image))
+            ax.set_title(name)
+            ax.axis("off")
+        fig.tight_layout()
+        with atomic_path(path) as temp:
+            fig.savefig(temp, format="png", dpi=110)
+        plt.close(fig)
+        return
     if results.get("kind") == "lm":
         fig, ax = plt.subplots(figsize=(4.8, 3.6))
         for row in summary_rows(results):
