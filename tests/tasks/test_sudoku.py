@@ -224,3 +224,18 @@ def test_bad_options(options: dict[str, str]) -> None:
 def test_string_options() -> None:
     task = get_task("sudoku", n="4", augment="2", min_rating="0")
     assert task.box == (2, 2) and task.augment == 2 and task.vocab_size == 6
+
+
+def test_unconditional_rows_map_the_empty_grid_to_random_complete_boards() -> None:
+    task = get_task("sudoku", n=6, unconditional="true")
+    rows = list(task.records("train", 0, 20))
+    blank = task.encode(task.blank())
+    assert all(np.array_equal(inputs, blank) for inputs, *_ in rows)
+    boards = [task.decode(labels) for _, labels, *_ in rows]
+    assert all(task.verify(task.blank(), board) for board in boards)
+    assert len({board.tobytes() for board in boards}) == len(boards)  # 28 million boards: no repeats
+    broken = boards[0].copy()
+    broken[0, 0], broken[0, 1] = broken[0, 1], broken[0, 0]  # two digits swapped in a row break two columns
+    assert not task.verify(task.blank(), broken)
+    with pytest.raises(UsageError, match="unconditional"):
+        get_task("sudoku", n=6, unconditional="maybe")

@@ -571,7 +571,9 @@ class SudokuTask(Task):
 
     Options (strings accepted): ``box`` ("3x3", "2x2", "2x3"...) or ``n`` (grid side 4, 6, 8, 9); ``tier`` (easy,
     medium, hard, extreme) or ``min_rating``/``max_rating``; ``augment`` (shuffled copies added per training
-    puzzle); ``data`` (a Sudoku-Extreme CSV file, split 85:15, or a folder with ``train.csv``/``test.csv``).
+    puzzle); ``data`` (a Sudoku-Extreme CSV file, split 85:15, or a folder with ``train.csv``/``test.csv``);
+    ``unconditional`` (true: every puzzle is the empty grid and its label a random complete board, for
+    unconditional generation; any valid board is a right answer).
     The default tier is "extreme" for generated 9x9 puzzles, otherwise "any" (every rating).
     Tokens: 0 = pad, 1 = blank, ``d + 1`` = digit ``d``.
     """
@@ -587,8 +589,12 @@ class SudokuTask(Task):
         max_rating: int | str | None = None,
         augment: int | str = 0,
         data: str | None = None,
+        unconditional: bool | str = False,
     ) -> None:
         self.box = _parse_box(box, n)
+        if str(unconditional).lower() not in ("1", "0", "true", "false", "yes", "no"):
+            raise UsageError(f"option unconditional must be true or false, got {unconditional!r}")
+        self.unconditional = str(unconditional).lower() in ("1", "true", "yes")
         self.n = self.box[0] * self.box[1]
         if tier in (None, "") and min_rating is None and max_rating is None:
             # Small grids never need many guesses; a CSV keeps all its rows unless asked otherwise.
@@ -622,6 +628,14 @@ class SudokuTask(Task):
     def rated_examples(self, split: str, seed: int = 0) -> Iterator[tuple[np.ndarray, np.ndarray, int]]:
         """Like :meth:`examples`, with each puzzle's rating."""
         split_id = _split_id(split)
+        if self.unconditional:
+            rng = np.random.default_rng([seed, split_id, 0xB1A])
+            solutions = (s for _, s, _ in self._csv_examples(split, seed)) if self.data is not None else None
+            while True:
+                solution = next(solutions, None) if solutions is not None else random_solution(rng, self.box)
+                if solution is None:
+                    return
+                yield self.blank(), solution, 0
         if self.data is not None:
             yield from self._csv_examples(split, seed)
             return
