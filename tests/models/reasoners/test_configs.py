@@ -29,3 +29,10 @@ def test_models_of_one_table_have_the_same_parameter_count_within_20_percent(tab
     if table != "sudoku":  # the multi-solution tables have generative baselines too
         assert {"ar", "mdlm"} <= set(counts), counts
     assert max(counts.values()) <= 1.2 * min(counts.values()), counts
+
+
+@pytest.mark.parametrize("pair", ["digits", "sudoku6-unconditional"])
+def test_unconditional_generators_of_one_task_have_the_same_parameter_count_within_20_percent(pair):
+    counts = {path.stem: parameters(path) for path in sorted(CONFIGS.glob(f"{pair}-*.yaml"))}
+    assert {f"{pair}-gram", f"{pair}-mdlm"} <= set(counts), counts
+    assert max(counts.values()) <= 1.2 * min(counts.values()), counts
