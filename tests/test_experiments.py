@@ -205,18 +205,16 @@ def test_lm_experiment_depths_are_checked(tmp_path):
 
 
 def test_generation_experiment_samples_and_scores_each_model(tmp_path):
-    run = {
-        "arch": "gram",
-        "model": TINY_MODEL,
-        "train": {**TINY_TRAIN, "halt_weight": 0.0, "value_weight": 0.0, "augment": False},
-        "task": {"name": "digits"},
-    }
+    train = {**TINY_TRAIN, "halt_weight": 0.0, "value_weight": 0.0, "augment": False}
+    run = {"arch": "gram", "model": TINY_MODEL, "train": train, "task": {"name": "digits"}}
     (tmp_path / "gram.yaml").write_text(yaml.safe_dump(run))
+    boards = {**run, "arch": "mdlm", "task": {"name": "sudoku", "n": 4, "unconditional": True}}
+    (tmp_path / "sudoku.yaml").write_text(yaml.safe_dump({**boards, "train": {**train, "test_size": 4}}))
     spec = {
         "kind": "generation",
         "description": "tiny digits",
         "budget_minutes": 5,
-        "models": {"gram": {"config": "gram.yaml"}},
+        "models": {"gram": {"config": "gram.yaml"}, "boards": {"config": "sudoku.yaml"}},
         "eval": {"samples": 6},
     }
     (tmp_path / "digits.yaml").write_text(yaml.safe_dump(spec))
@@ -228,5 +226,7 @@ def test_generation_experiment_samples_and_scores_each_model(tmp_path):
     assert {"inception_score", "frechet_distance"} <= set(sampled["scores"])
     assert (tmp_path / "out" / "gram" / "samples.png").stat().st_size > 0
     report = (tmp_path / "out" / "report.md").read_text()
-    assert "| gram |" in report and "real held-out digits (6)" in report
+    assert "| gram |" in report and "| boards |" in report and "real held-out digits (6)" in report
+    boards = results["models"]["boards"]["eval"]  # no picture and no scores: validity only
+    assert boards["samples"] == 6 and "scores" not in boards and "image" not in boards
     assert (tmp_path / "out" / "curves.png").stat().st_size > 0

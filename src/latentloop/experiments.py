@@ -264,7 +264,7 @@ def _sample_model(spec: ModelSpec, folder: Path, settings: EvalSpec, log: Callab
         log(f"{spec.name}: sampled already, skipping")
         return report
     log(f"{spec.name}: drawing {settings.samples} unconditional samples")
-    report = sample_run(folder, settings.samples, None, 0, 1.0, 256, str(folder / "samples.png"), None)
+    report = sample_run(folder, settings.samples, None, 0, 1.0, 256, None, None)  # images: MODEL/samples.png
     _write_json(folder / "sample.json", report)
     return report
 
