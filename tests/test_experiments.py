@@ -227,6 +227,7 @@ def test_generation_experiment_samples_and_scores_each_model(tmp_path):
     assert (tmp_path / "out" / "gram" / "samples.png").stat().st_size > 0
     report = (tmp_path / "out" / "report.md").read_text()
     assert "| gram |" in report and "| boards |" in report and "real held-out digits (6)" in report
+    assert "`gram/samples.png`" in report and "`boards/samples.png`" not in report
     boards = results["models"]["boards"]["eval"]  # no picture and no scores: validity only
     assert boards["samples"] == 6 and "scores" not in boards and "image" not in boards
     assert (tmp_path / "out" / "curves.png").stat().st_size > 0

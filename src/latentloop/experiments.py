@@ -502,7 +502,9 @@ def _generation_report_markdown(results: dict[str, Any], command: str | None) ->
             f"| real held-out digits ({reference['images']}) | - | - | - | - | - | "
             f"{num(reference['inception_score'])} | {num(reference['frechet_distance'])} |"
         )
-    lines += ["", "Samples: " + ", ".join(f"`{name}/samples.png`" for name in results["models"]) + "."]
+    pictures = [f"`{name}/samples.png`" for name, row in results["models"].items() if "image" in row["eval"]]
+    if pictures:
+        lines += ["", "Samples: " + ", ".join(pictures) + "."]
     if results.get("paper_note"):
         lines += ["", results["paper_note"]]
     return "\n".join(lines) + "\n"
