@@ -167,66 +167,48 @@ def _check_writable(out: Path) -> None:
 
 
 def _train_model(
-    spec: ModelSpec, folder: Path, minutes: float, progress: bool, log: Callable[[str], None]
+    spec: ModelSpec,
+    folder: Path,
+    minutes: float,
+    progress: bool,
+    log: Callable[[str], None],
+    lm: bool = False,
 ) -> dict[str, Any]:
-    """Train (or resume) one model; its summary is stored in ``train.json`` once training has finished."""
-    from latentloop.train.deep_supervision import build_reasoner_config, train_reasoner
-
-    done = _read_json(folder / "train.json")
-    if done is not None and done.get("budget_minutes") == minutes:
-        log(f"{spec.name}: trained already ({done['step']} batches), skipping")
-        return done
-    config = build_reasoner_config(
-        load_yaml(spec.config), [*spec.overrides, f"train.budget_minutes={minutes}"]
-    )
-    log(f"{spec.name}: training for up to {minutes:g} min in {folder}")
-    result = train_reasoner(config, folder, progress=spec.name if progress else False, log=None)
-    summary = {
-        "model": spec.name,
-        "arch": config.arch,
-        "config": str(spec.config),
-        "overrides": spec.overrides,
-        "budget_minutes": minutes,
-        "parameters": result.parameters,
-        "step": result.step,
-        "stopped": result.stopped,
-        "examples_seen": result.examples_seen,
-        "train_minutes": round(result.elapsed_s / 60, 2),
-        "precision": result.precision,
-        "final_loss": result.losses[-1] if result.losses else None,
-    }
-    _write_json(folder / "train.json", summary)
-    return summary
-
-
-def _train_lm(
-    spec: ModelSpec, folder: Path, minutes: float, progress: bool, log: Callable[[str], None]
-) -> dict[str, Any]:
-    """Train (or resume) one recurrent-depth LM; its summary is stored in ``train.json`` once it has finished."""
-    import torch
-
-    from latentloop.models.recurrent_depth import RecurrentDepthLM
-    from latentloop.train.trainer import build_run_config, train
-
+    """Train (or resume) one model (a reasoner, or with ``lm`` a recurrent-depth LM); its summary is stored in
+    ``train.json`` once training has finished, and a rerun with the same budget returns it untrained."""
     done = _read_json(folder / "train.json")
     if done is not None and done.get("budget_minutes") == minutes:
         log(f"{spec.name}: trained already ({done['step']} steps), skipping")
         return done
-    config = build_run_config(load_yaml(spec.config), [*spec.overrides, f"train.budget_minutes={minutes}"])
+    overrides = [*spec.overrides, f"train.budget_minutes={minutes}"]
     log(f"{spec.name}: training for up to {minutes:g} min in {folder}")
-    result = train(config, folder, progress=progress)
-    with torch.device("meta"):  # the count only: no weights drawn
-        parameters = RecurrentDepthLM(config.model).num_parameters()
+    if lm:
+        import torch
+
+        from latentloop.models.recurrent_depth import RecurrentDepthLM
+        from latentloop.train.trainer import build_run_config, train
+
+        config = build_run_config(load_yaml(spec.config), overrides)
+        result = train(config, folder, progress=progress)
+        with torch.device("meta"):  # the count only: no weights drawn
+            parameters = RecurrentDepthLM(config.model).num_parameters()
+        arch, seen = "recurrent-depth", {"tokens_seen": result.tokens_seen}
+    else:
+        from latentloop.train.deep_supervision import build_reasoner_config, train_reasoner
+
+        config = build_reasoner_config(load_yaml(spec.config), overrides)
+        result = train_reasoner(config, folder, progress=spec.name if progress else False, log=None)
+        parameters, arch, seen = result.parameters, config.arch, {"examples_seen": result.examples_seen}
     summary = {
         "model": spec.name,
-        "arch": "recurrent-depth",
+        "arch": arch,
         "config": str(spec.config),
         "overrides": spec.overrides,
         "budget_minutes": minutes,
         "parameters": parameters,
         "step": result.step,
         "stopped": result.stopped,
-        "tokens_seen": result.tokens_seen,
+        **seen,
         "train_minutes": round(result.elapsed_s / 60, 2),
         "precision": result.precision,
         "final_loss": result.losses[-1] if result.losses else None,
@@ -333,14 +315,12 @@ def run_experiment(
     rows: dict[str, Any] = {}
     for spec in experiment.models:
         folder = out / spec.name
+        train = _train_model(spec, folder, round(per_model, 4), progress, log, lm=experiment.kind == "lm")
         if experiment.kind == "lm":
-            train = _train_lm(spec, folder, round(per_model, 4), progress, log)
             report = _evaluate_lm(spec, folder, experiment.eval, log)
         elif experiment.kind == "generation":
-            train = _train_model(spec, folder, round(per_model, 4), progress, log)
             report = _sample_model(spec, folder, experiment.eval, log)
         else:
-            train = _train_model(spec, folder, round(per_model, 4), progress, log)
             report = _evaluate_model(spec, folder, train["arch"], experiment.eval, log)
         rows[spec.name] = {"train": train, "eval": report}
     results = {

@@ -258,3 +258,21 @@ def test_single_process_without_torchrun(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "two")
     with pytest.raises(UsageError, match="WORLD_SIZE must be an integer"):
         dist.setup("cpu")
+
+
+@pytest.mark.parametrize("trainer", ["lm", "reasoner"])
+def test_a_process_group_the_trainer_created_is_gone_when_it_returns(trainer, tmp_path, monkeypatch):
+    """What torchrun's launch does in ``setup``, done here by a one-process gloo group over a file store."""
+
+    def setup(device):
+        torch.distributed.init_process_group(
+            "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
+        )
+        return dist.DistContext(0, 1, 0, "gloo", owns_group=True), device
+
+    monkeypatch.setattr(dist, "setup", setup)
+    if trainer == "lm":
+        train(build_run_config(LM, ["train.steps=1"]), tmp_path / "lm")
+    else:
+        train_reasoner(build_reasoner_config(REASONER, ["train.steps=1"]), tmp_path / "reasoner")
+    assert not torch.distributed.is_initialized()

@@ -349,7 +349,6 @@ def _choose_precision(requested: str, config: ReasonerConfig, tokens: int, devic
     return "bf16" if timing["bf16"] < 0.9 * timing["fp32"] else "fp32"
 
 
-@dist.leaves_group
 def model_noise_seed(seed: int, step: int, rank: int) -> int:
     """Seed of the torch RNG for batch ``step`` on ``rank``, which draws the models' own noise (GRAM's ε,
     MDLM's masking times and masks). A pure function, so a resumed run draws what the uninterrupted run drew,
@@ -358,6 +357,7 @@ def model_noise_seed(seed: int, step: int, rank: int) -> int:
     return int(np.random.SeedSequence([_NOISE_STREAM, seed, step, rank]).generate_state(1, np.uint64)[0])
 
 
+@dist.leaves_group
 def train_reasoner(
     config: ReasonerRunConfig,
     out_dir: str | Path,
