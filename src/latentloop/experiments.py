@@ -401,9 +401,8 @@ def summary_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def _lm_report_markdown(results: dict[str, Any], command: str | None) -> str:
-    rows = summary_rows(results)
-    depths = sorted({d for r in rows for d in r["by_depth"]})
+def _report_heading(results: dict[str, Any], details: str, command: str | None) -> list[str]:
+    """The lines every report starts with: title, description, where and how it was measured, the command."""
     machine_ = results["machine"]
     lines = [
         f"## {results['experiment']}",
@@ -411,10 +410,15 @@ def _lm_report_markdown(results: dict[str, Any], command: str | None) -> str:
         results["description"],
         "",
         f"Measured on {results['date']} ({machine_['cpus']} CPUs, torch {machine_['torch']}, {machine_['device']}); "
-        f"training budget {results['budget_minutes_per_model']:g} min of wall-clock per model.",
+        f"training budget {results['budget_minutes_per_model']:g} min of wall-clock per model{details}.",
     ]
-    if command:
-        lines += ["", f"Command: `{command}`"]
+    return lines + (["", f"Command: `{command}`"] if command else [])
+
+
+def _lm_report_markdown(results: dict[str, Any], command: str | None) -> str:
+    rows = summary_rows(results)
+    depths = sorted({d for r in rows for d in r["by_depth"]})
+    lines = _report_heading(results, "", command)
     metric = rows[0]["metric"].replace("_", " ")
     lines += [
         "",
@@ -444,18 +448,9 @@ def _lm_report_markdown(results: dict[str, Any], command: str | None) -> str:
 
 def _generation_report_markdown(results: dict[str, Any], command: str | None) -> str:
     rows = summary_rows(results)
-    machine_ = results["machine"]
-    lines = [
-        f"## {results['experiment']}",
-        "",
-        results["description"],
-        "",
-        f"Measured on {results['date']} ({machine_['cpus']} CPUs, torch {machine_['torch']}, {machine_['device']}); "
-        f"training budget {results['budget_minutes_per_model']:g} min of wall-clock per model; "
-        f"{rows[0]['samples']} samples per model at its own default depth.",
-    ]
-    if command:
-        lines += ["", f"Command: `{command}`"]
+    lines = _report_heading(
+        results, f"; {rows[0]['samples']} samples per model at its own default depth", command
+    )
     scored = any(r["inception_score"] is not None for r in rows)
     header = "| model | parameters | trained (min / batches) | samples/s | valid (%) | distinct |"
     rule = "|---|---|---|---|---|---|"
@@ -501,17 +496,8 @@ def report_markdown(results: dict[str, Any], command: str | None = None) -> str:
     has_cov = any(r["coverage"] is not None for r in rows)
     has_conf = any(r["conflicts_total"] is not None for r in rows)
     first = next(iter(results["models"].values()))["eval"]
-    lines = [
-        f"## {results['experiment']}",
-        "",
-        results["description"],
-        "",
-        f"Measured on {results['date']} ({results['machine']['cpus']} CPUs, torch {results['machine']['torch']}, "
-        f"{results['machine']['device']}); training budget {results['budget_minutes_per_model']:g} min of "
-        f"wall-clock per model; {first['puzzles']} test puzzles, {ev['samples']} samples, {ev['steps']} steps.",
-    ]
-    if command:
-        lines += ["", f"Command: `{command}`"]
+    details = f"; {first['puzzles']} test puzzles, {ev['samples']} samples, {ev['steps']} steps"
+    lines = _report_heading(results, details, command)
     header = "| model | parameters | trained (min / batches) | accuracy, 1 sample | accuracy, vote | accuracy, value |"
     rule = "|---|---|---|---|---|---|"
     if has_cov:
