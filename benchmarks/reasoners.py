@@ -87,7 +87,7 @@ class BatchTrainer:
     def batch(self, batch_size: int) -> None:
         """``n_sup`` supervision steps on the next batch, each with backward, clipping, AdamW and EMA."""
         model, tc, n_sup = self.model, self.config.train, self.config.model.n_sup
-        inputs, labels = train_batch(self.task, self.split, self.step, batch_size, self.seed, tc.augment)
+        inputs, labels, _ = train_batch(self.task, self.split, self.step, batch_size, self.seed, tc.augment)
         batch = {"inputs": inputs}
         carry = model.initial_carry(batch)
         for n in range(n_sup):

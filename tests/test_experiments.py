@@ -231,3 +231,22 @@ def test_generation_experiment_samples_and_scores_each_model(tmp_path):
     boards = results["models"]["boards"]["eval"]  # no picture and no scores: validity only
     assert boards["samples"] == 6 and "scores" not in boards and "image" not in boards
     assert (tmp_path / "out" / "curves.png").stat().st_size > 0
+
+
+def test_arc_experiment_reports_pass_at_2(tmp_path):
+    train = {**TINY_TRAIN, "steps": 2, "batch_size": 4, "train_size": 2, "test_size": 2, "augment": False}
+    for arch in ("gram", "trm"):
+        run = {"arch": arch, "model": {**TINY_MODEL, "dim": 8, "hidden": 8}, "train": train}
+        run["task"] = {"name": "arc-agi-1", "augment": 1}
+        (tmp_path / f"{arch}.yaml").write_text(yaml.safe_dump(run))
+    spec = {
+        "description": "tiny ARC",
+        "budget_minutes": 5,
+        "models": {"gram": {"config": "gram.yaml"}, "trm": {"config": "trm.yaml"}},
+        "eval": {"samples": 2, "steps": 2},
+    }
+    (tmp_path / "arc.yaml").write_text(yaml.safe_dump(spec))
+    results = run_experiment(load_experiment(str(tmp_path / "arc.yaml")), tmp_path / "out", progress=False)
+    for row in results["models"].values():
+        assert row["eval"]["metric"] == "pass@2" and row["eval"]["copies"] == 2 * row["eval"]["puzzles"]
+    assert "accuracy is pass@2 over" in (tmp_path / "out" / "report.md").read_text()

@@ -497,6 +497,8 @@ def report_markdown(results: dict[str, Any], command: str | None = None) -> str:
     has_conf = any(r["conflicts_total"] is not None for r in rows)
     first = next(iter(results["models"].values()))["eval"]
     details = f"; {first['puzzles']} test puzzles, {ev['samples']} samples, {ev['steps']} steps"
+    if first.get("metric"):  # ARC: accuracy is pass@2 over the augmented copies of each test input
+        details += f"; accuracy is {first['metric']} over {first['copies']} augmented copies"
     lines = _report_heading(results, details, command)
     header = "| model | parameters | trained (min / batches) | accuracy, 1 sample | accuracy, vote | accuracy, value |"
     rule = "|---|---|---|---|---|---|"

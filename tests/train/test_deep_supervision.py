@@ -70,10 +70,10 @@ def test_augmented_batches_stay_valid():
     from latentloop.tasks.base import get_task
 
     task = get_task("nqueens", n=5)
-    split = {"inputs": task.encode(task.parse("Q" + "." * 24))[None], "labels": None}
+    split = {"inputs": task.encode(task.parse("Q" + "." * 24))[None], "labels": None, "puzzle_ids": [0]}
     solution = task.solutions(task.parse("Q" + "." * 24))[0]
     split["labels"] = task.encode(solution)[None]
-    x, y = train_batch(task, split, step=3, batch_size=16, seed=0, augment=True)
+    x, y, _ = train_batch(task, split, step=3, batch_size=16, seed=0, augment=True)
     for i in range(16):
         assert task.verify(task.decode(x[i].numpy()), task.decode(y[i].numpy()))
     assert len({bytes(r.numpy().astype("uint8")) for r in x}) > 1, "some boards were transformed"
@@ -99,3 +99,59 @@ def test_ema_decay_warms_up_to_its_target():
     decays = [ema_decay(0.999, t) for t in range(20_000)]
     assert all(a <= b for a, b in itertools.pairwise(decays))
     assert decays[-1] == 0.999 and ema_decay(0.9, 1000) == 0.9
+
+
+def test_arc_trains_a_puzzle_embedding_per_copy_and_scores_pass_at_2(tmp_path):
+    from latentloop.data.dataset import load_dataset
+    from latentloop.eval.reasoners import evaluate_reasoner, solve_puzzle
+    from latentloop.models.reasoners import load_reasoner
+    from latentloop.tasks.base import get_task
+
+    data = {
+        "model": {**TINY["model"], "dim": 8, "hidden": 8, "puzzle_tokens": 2},
+        "train": {
+            **TINY["train"],
+            "batch_size": 4,
+            "steps": 2,
+            "train_size": 2,
+            "test_size": 2,
+            "augment": False,
+        },
+        "task": {"name": "arc-agi-1", "augment": 1},
+    }
+    result = train_reasoner(build_reasoner_config(data, arch="trm"), tmp_path / "run")
+    dataset = load_dataset(tmp_path / "run" / "data")
+    ids = {int(p) for split in ("train", "test") for p in dataset.split(split)["puzzle_ids"]}
+    model = load_reasoner(result.checkpoint)
+    assert model.config.puzzles == max(ids) + 1
+    assert torch.count_nonzero(model.puzzle_embed.weight) > 0, "the embeddings of trained puzzles moved"
+    report = evaluate_reasoner(tmp_path / "run", samples=2, steps=2, write=False)
+    test_inputs = len({(t.id, i) for t in dataset_tasks(2) for i in range(len(t.test))})
+    assert report["metric"] == "pass@2" and report["puzzles"] == test_inputs
+    assert report["copies"] == 2 * test_inputs  # the original and one augmented copy of each
+    assert 0.0 <= report["accuracy"] <= report["oracle_accuracy"] <= 1.0
+
+    # `latentloop solve arc-agi-1 TASK --model RUN` answers the tasks the model has embeddings for.
+    task = get_task("arc-agi-1")
+    first, unseen = dataset_tasks(6)[0], dataset_tasks(6)[5]
+    payload, text, _ = solve_puzzle(str(tmp_path / "run"), task, task.parse(first.id), samples=2)
+    assert payload["copies"] == 2 and 1 <= len(payload["answers"]) <= 2 and "pass_at_2" in payload
+    assert text.startswith("answer 1: ") and "pass@2" in text
+    with pytest.raises(UsageError, match="no puzzle embedding"):
+        solve_puzzle(str(tmp_path / "run"), task, task.parse(unseen.id))
+
+
+def dataset_tasks(count):
+    from latentloop.tasks.arc import load_arc
+
+    return load_arc("arcagi")["test"][:count]
+
+
+def test_ar_and_mdlm_refuse_a_task_that_needs_puzzle_embeddings(tmp_path):
+    data = {
+        **TINY,
+        "task": {"name": "arc-agi-1"},
+        "train": {**TINY["train"], "train_size": 1, "test_size": 1},
+    }
+    with pytest.raises(UsageError, match="puzzle embeddings"):
+        train_reasoner(build_reasoner_config(data, arch="mdlm"), tmp_path / "run")

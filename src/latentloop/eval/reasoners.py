@@ -149,9 +149,19 @@ def evaluate_model(
 
 
 def quick_accuracy(model: Reasoner, task: Task, split: dict[str, np.ndarray], limit: int) -> dict[str, Any]:
-    """One-sample accuracy at ``n_sup`` steps on the first ``limit`` test puzzles (the end-of-training check)."""
-    inputs = unique_puzzles(split, limit)
+    """One-sample accuracy at ``n_sup`` steps on the first ``limit`` test puzzles (the end-of-training check).
+    A task with puzzle embeddings (ARC) has no verifier: its rows count when they match their labels."""
     device = next(model.parameters()).device
+    if getattr(task, "puzzle_embeddings", False):
+        rows = slice(0, limit)
+        inputs, labels = np.asarray(split["inputs"])[rows], np.asarray(split["labels"])[rows]
+        puzzle_ids = torch.from_numpy(np.asarray(split["puzzle_ids"])[rows].astype(np.int64))
+        result = solve(model, torch.from_numpy(inputs.astype(np.int64)).to(device), puzzle_ids=puzzle_ids)
+        tokens = result.chosen.cpu().numpy()
+        ok = [np.array_equal(task.decode(tokens[b]), task.decode(labels[b])) for b in range(len(inputs))]
+        accuracy = float(np.mean(ok)) if ok else 0.0
+        return {"num_steps": result.predictions.shape[0], "accuracy": accuracy, "exact_match": accuracy}
+    inputs = unique_puzzles(split, limit)
     result = solve(model, torch.from_numpy(inputs).to(device), samples=1)
     tokens = result.chosen.cpu().numpy()
     ok = [
@@ -188,6 +198,21 @@ def load_run(run: str | Path, task_spec: str | None = None) -> tuple[Reasoner, T
     return model, task, checkpoint, folder
 
 
+def run_dataset(run: str | Path, folder: Path | None) -> Any:
+    """The dataset a run folder trained on (``OUT/data``, or its config's ``train.data``)."""
+    from latentloop.data.dataset import load_dataset
+
+    data = folder / "data" if folder is not None else None
+    if folder is not None:
+        from latentloop.train.deep_supervision import load_reasoner_run_config
+
+        configured = load_reasoner_run_config(folder / "config.yaml").train.data
+        data = Path(configured) if configured else data
+    if data is None or not (data / "metadata.json").is_file():
+        raise UsageError(f"no test data found for {run} (expected {data}/metadata.json)")
+    return load_dataset(data)
+
+
 def evaluate_reasoner(
     run: str | Path,
     samples: int = 20,
@@ -205,20 +230,19 @@ def evaluate_reasoner(
     if samples < 1 or (steps is not None and steps < 1):
         raise UsageError("--samples and --steps must be at least 1")
     model, the_task, checkpoint, folder = load_run(run, task)
-    data = folder / "data" if folder is not None else None
-    if folder is not None:
-        from latentloop.train.deep_supervision import load_reasoner_run_config
+    dataset = run_dataset(run, folder)
+    if model.config.puzzles:
+        from latentloop.eval.arc import evaluate_arc
 
-        configured = load_reasoner_run_config(folder / "config.yaml").train.data
-        data = Path(configured) if configured else data
-    if data is None or not (data / "metadata.json").is_file():
-        raise UsageError(f"no test data found for {run} (expected {data}/metadata.json)")
-    from latentloop.data.dataset import load_dataset
-
-    inputs = unique_puzzles(load_dataset(data).split("test"), limit)
-    report = evaluate_model(
-        model, the_task, inputs, samples, steps, select, batch_size, temperature=temperature
-    )
+        puzzles = dataset.metadata.get("puzzles", {})
+        report = evaluate_arc(
+            model, the_task, dataset.split("test"), puzzles, samples, steps, select, limit=limit
+        )
+    else:
+        inputs = unique_puzzles(dataset.split("test"), limit)
+        report = evaluate_model(
+            model, the_task, inputs, samples, steps, select, batch_size, temperature=temperature
+        )
     report = {"run": str(run), "checkpoint": str(checkpoint), "model": model.arch, **report}
     if write:
         out = folder if folder is not None else checkpoint
@@ -231,7 +255,14 @@ def solve_puzzle(
     run: str, task: Task, puzzle: Any, samples: int = 1, select: str = "vote"
 ) -> tuple[dict, str, bool]:
     """``latentloop solve TASK PUZZLE --model RUN``: ``(payload, text, solved)``."""
-    model, run_task, _, _ = load_run(run)
+    model, run_task, _, folder = load_run(run)
+    if model.config.puzzles:
+        from latentloop.eval.arc import solve_arc_puzzle
+
+        if run_task.name != task.name:
+            raise UsageError(f"the model solves {run_task.name} puzzles, not {task.name}")
+        puzzles = run_dataset(run, folder).metadata.get("puzzles", {})
+        return solve_arc_puzzle(model, task, puzzle, puzzles, samples, select)
     tokens = np.asarray(task.encode(puzzle), dtype=np.int64)
     if run_task.name != task.name or len(tokens) != model.config.seq_len:
         raise UsageError(

@@ -67,6 +67,7 @@ def solve(
     halt: bool = False,
     key: Callable[[torch.Tensor], Hashable] | None = None,
     temperature: float = 1.0,
+    puzzle_ids: torch.Tensor | None = None,
 ) -> SolveResult:
     """Run ``samples`` trajectories of ``steps`` supervision steps (default ``model.config.n_sup``) on ``x``
     ``[B, L]`` and choose one answer per puzzle.
@@ -78,7 +79,7 @@ def solve(
     ``halt``: a sample stops (keeps its answer) once ``sigmoid(q_halt) > 0.5``, or, for a model trained with
     ``model.halting=q-learning``, once ``q_halt > q_continue``. ``key`` maps a sample's tokens
     ``[L]`` to the answer it stands for (the task's decoded answer), so votes count equal answers together;
-    by default the raw tokens.
+    by default the raw tokens. ``puzzle_ids`` ``[B]`` name each puzzle for a model with puzzle embeddings.
     """
     if select not in SELECTIONS:
         raise UsageError(f"--select must be one of {', '.join(SELECTIONS)}, got {select!r}")
@@ -93,6 +94,8 @@ def solve(
     q_learning = getattr(model.config, "halting", "bce") == "q-learning"
     batch_size = x.shape[0]
     batch = {"inputs": x.repeat(samples, 1)}
+    if puzzle_ids is not None:
+        batch["puzzle_ids"] = puzzle_ids.to(x.device).repeat(samples)
     preds, values, halts = [], [], []
     if sampler is not None:  # every step's prediction at once; the loop below then has nothing left to run
         tokens, sampled = sampler(batch["inputs"], steps=steps, temperature=temperature)

@@ -181,6 +181,7 @@ class ArcTask(Task):
     name = ""
     version = ""
     shared_puzzle_keys = True  # an evaluation task's demos (train split) and test inputs are one puzzle
+    puzzle_embeddings = True  # a reasoner learns each task's rule in the embedding of its puzzle ids
 
     def __init__(self, augment: int | str = 0, translate: bool | str = True) -> None:
         try:

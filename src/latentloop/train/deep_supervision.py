@@ -172,10 +172,12 @@ def _augment_sudoku(x: np.ndarray, y: np.ndarray, rng: np.random.Generator, task
 
 def train_batch(
     task: Task, split: dict[str, np.ndarray], step: int, batch_size: int, seed: int, augment: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The batch of ``step``: rows drawn with replacement by a generator seeded with ``(seed, step)``, then
-    a validity-preserving transform per row (N-Queens: the 8 symmetries of the board; Sudoku: digit, band and
-    stack shuffles). Graph colouring has no augmentation: its labels are canonical colourings."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(inputs, labels, puzzle_ids)`` of batch ``step``: rows drawn with replacement by a generator seeded
+    with ``(seed, step)``, then a validity-preserving transform per row (N-Queens: the 8 symmetries of the
+    board; Sudoku: digit, band and stack shuffles). Graph colouring has no augmentation (its labels are
+    canonical colourings), nor has ARC here (its augmented copies are rows of the dataset, each with its own
+    puzzle id)."""
     rng = np.random.default_rng([seed, step])
     rows = rng.integers(0, len(split["inputs"]), batch_size)
     x, y = split["inputs"][rows].copy(), split["labels"][rows].copy()
@@ -183,7 +185,22 @@ def train_batch(
         _augment_nqueens(x, y, rng, task.n)  # type: ignore[attr-defined]
     elif augment and task.name == "sudoku":
         _augment_sudoku(x, y, rng, task)
-    return torch.from_numpy(x.astype(np.int64)), torch.from_numpy(y.astype(np.int64))
+    puzzle_ids = np.asarray(split["puzzle_ids"])[rows].astype(np.int64)
+    return (
+        torch.from_numpy(x.astype(np.int64)),
+        torch.from_numpy(y.astype(np.int64)),
+        torch.from_numpy(puzzle_ids),
+    )
+
+
+def fit_puzzle_embeddings(config: ReasonerConfig, task: Task, data: dict[str, dict[str, np.ndarray]]) -> None:
+    """Give ``config`` one puzzle embedding per puzzle id of the dataset when the task needs them (ARC)."""
+    if not getattr(task, "puzzle_embeddings", False):
+        return
+    needed = 1 + max(int(np.max(split["puzzle_ids"], initial=-1)) for split in data.values())
+    if config.puzzles and config.puzzles < needed:
+        raise UsageError(f"model.puzzles={config.puzzles} is too few: the dataset has {needed} puzzle ids")
+    config.puzzles = config.puzzles or needed
 
 
 # Loss ----------------------------------------------------------------------------------------------------------
@@ -276,8 +293,21 @@ def _check_architecture(checkpoint: Path, model: Reasoner) -> None:
 
     saved = json.loads((checkpoint / "config.json").read_text())
     mine = model.config_dict()
-    for key in ("arch", "vocab_size", "seq_len", "dim", "n_heads", "n_layers", "hidden", "block", "mixer"):
-        if saved.get(key) != mine.get(key):
+    defaults = {"puzzles": 0, "puzzle_tokens": 1}  # checkpoints written before puzzle embeddings existed
+    keys = (
+        "arch",
+        "vocab_size",
+        "seq_len",
+        "dim",
+        "n_heads",
+        "n_layers",
+        "hidden",
+        "block",
+        "mixer",
+        *defaults,
+    )
+    for key in keys:
+        if saved.get(key, defaults.get(key)) != mine.get(key):
             raise UsageError(
                 f"the run folder's checkpoint {checkpoint.name} has {key}={saved.get(key)}, the config asks for "
                 f"{mine.get(key)}; use a new --out folder to start afresh"
@@ -321,7 +351,7 @@ def _evaluate(
         _, first = np.unique(np.asarray(split["puzzle_ids"]), return_index=True)
         start, stop = dist.shard_bounds(len(np.sort(first)[:limit]), ctx)
         rows = np.sort(first)[start:stop]
-        mine = {"inputs": np.asarray(split["inputs"])[rows], "puzzle_ids": np.arange(len(rows))}
+        mine = {k: np.asarray(split[k])[rows] for k in ("inputs", "labels", "puzzle_ids")}
         result = quick_accuracy(ema.eval(), task, mine, len(rows)) if len(rows) else {}
         correct, total = dist.all_reduce_sum([result.get("accuracy", 0.0) * len(rows), len(rows)], ctx)
         accuracy = correct / max(total, 1.0)
@@ -392,6 +422,11 @@ def train_reasoner(
     if not ctx.is_main:
         task, data = task_data(config, out)
 
+    fit_puzzle_embeddings(config.model, task, data)
+    if config.model.puzzles and hasattr(REASONERS[arch], "sample"):
+        raise UsageError(
+            f"{arch} has no puzzle embeddings; task {task.name} needs them (use trm, hrm or gram)"
+        )
     _seed_everything(tc.seed)
     model = build_reasoner(arch, config.model).to(device)
     ema = copy.deepcopy(model).requires_grad_(False)
@@ -476,10 +511,14 @@ def train_reasoner(
                     stopped = "budget"
                     break
                 tick = time.perf_counter()
-                inputs, labels = train_batch(task, data["train"], step, tc.batch_size, tc.seed, tc.augment)
+                inputs, labels, puzzle_ids = train_batch(
+                    task, data["train"], step, tc.batch_size, tc.seed, tc.augment
+                )
                 torch.manual_seed(model_noise_seed(tc.seed, step, ctx.rank))
                 inputs, labels = dist.shard(inputs, ctx).to(device), dist.shard(labels, ctx).to(device)
                 batch = {"inputs": inputs}
+                if config.model.puzzles:
+                    batch["puzzle_ids"] = dist.shard(puzzle_ids, ctx).to(device)
                 carry = model.initial_carry(batch)
                 for n in range(n_sup):
                     update = step * n_sup + n

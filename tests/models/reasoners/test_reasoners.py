@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from latentloop.errors import UsageError
 from latentloop.models.reasoners import REASONERS, GRAMReasoner, ReasonerConfig, build_reasoner, load_reasoner
 from latentloop.models.reasoners.base import ReasoningModule
 from latentloop.tasks.base import get_task
@@ -140,3 +141,32 @@ def test_save_and_load_roundtrip(tmp_path):
     assert torch.equal(loaded.h_init, model.h_init), "the fixed initial state is part of the checkpoint"
     for (name, a), (_, b) in zip(model.state_dict().items(), loaded.state_dict().items(), strict=True):
         assert torch.equal(a, b), name
+
+
+@pytest.mark.parametrize("arch", ["direct", "looped", "hrm", "trm", "gram"])
+def test_puzzle_embeddings_prepend_positions_and_name_the_puzzle(arch):
+    task = get_task("nqueens", n=4)
+    model = build_reasoner(arch, tiny(task, puzzles=5, puzzle_tokens=3)).eval()
+    with torch.no_grad():
+        model.puzzle_embed.weight.normal_()
+    batch, _ = batch_for(task, size=2)
+    batch = {"inputs": batch["inputs"][:1].repeat(2, 1), "puzzle_ids": torch.tensor([1, 4])}
+    torch.manual_seed(0)
+    carry, out = model(model.initial_carry(batch), batch)
+    assert out.logits.shape == (2, task.seq_len, task.vocab_size)  # the prefix is not decoded
+    assert all(v.shape[1] == 3 + task.seq_len for v in carry.values())
+    # One input under two puzzle ids: the ids alone make the answers differ.
+    assert not torch.allclose(out.logits[0], out.logits[1])
+    with pytest.raises(UsageError, match="puzzle id"):
+        model(model.initial_carry({"inputs": batch["inputs"]}), {"inputs": batch["inputs"]})
+
+
+def test_a_puzzle_embedding_starts_at_zero_and_is_saved(tmp_path):
+    task = get_task("nqueens", n=4)
+    model = build_reasoner("trm", tiny(task, puzzles=3))
+    assert torch.count_nonzero(model.puzzle_embed.weight) == 0
+    with torch.no_grad():
+        model.puzzle_embed.weight.normal_()
+    model.save_pretrained(tmp_path)
+    loaded = load_reasoner(tmp_path)
+    assert loaded.config.puzzles == 3 and torch.equal(loaded.puzzle_embed.weight, model.puzzle_embed.weight)

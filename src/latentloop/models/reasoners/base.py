@@ -8,7 +8,10 @@ state, the *carry* (a dict of tensors), persists across supervision steps::
                                                         # through the last; out.logits [B, L, V],
                                                         # out.halt_logit [B], out.value [B], out.kl [B]
 
-``batch`` is a dict with ``"inputs"`` (``[B, L]`` token ids). The returned carry is detached, so the next step
+``batch`` is a dict with ``"inputs"`` (``[B, L]`` token ids) and, for a model with puzzle embeddings
+(``config.puzzles > 0``, ARC), ``"puzzle_ids"`` (``[B]``): the puzzle's ``puzzle_tokens`` learned embeddings
+are then prepended to the input, so the latent states have ``P + L`` positions and the decoder reads the last
+``L``. The returned carry is detached, so the next step
 never backpropagates into this one. Checkpoints are ``config.json`` (``model_type`` ``reasoner-<arch>``) plus
 ``model.safetensors``.
 """
@@ -60,6 +63,8 @@ class ReasonerConfig:
     rope_base: float = 10_000.0
     norm_eps: float = 1e-5
     halting: str = "bce"  # how the Q-head is trained and read: bce | q-learning (see heads.py)
+    puzzles: int = 0  # puzzle identifiers with learned embeddings (ARC: one per task and augmentation)
+    puzzle_tokens: int = 1  # embedding positions prepended per puzzle (GRAM paper: 16)
 
     def __post_init__(self) -> None:
         if self.halting not in HALTING:
@@ -71,10 +76,22 @@ class ReasonerConfig:
         for name in ("dim", "n_heads", "n_layers", "hidden", "n_sup", "cycles", "inner"):
             if getattr(self, name) < 1:
                 raise UsageError(f"model.{name} must be at least 1, got {getattr(self, name)}")
+        if self.puzzles < 0 or self.puzzle_tokens < 1:
+            raise UsageError("model.puzzles must be at least 0 and model.puzzle_tokens at least 1")
         if self.dim % self.n_heads or (self.dim // self.n_heads) % 2:
             raise UsageError(f"model.dim {self.dim} must split into {self.n_heads} heads of even size")
         if self.beta < 0 or not 0 <= self.kl_balance <= 1:
             raise UsageError("model.beta must be >= 0 and model.kl_balance in [0, 1]")
+
+    @property
+    def prefix_len(self) -> int:
+        """Positions the puzzle embedding prepends to the input (0 without puzzle embeddings)."""
+        return self.puzzle_tokens if self.puzzles else 0
+
+    @property
+    def positions(self) -> int:
+        """Length of the latent states: the prefix and the input."""
+        return self.seq_len + self.prefix_len
 
 
 @dataclass
@@ -121,7 +138,7 @@ class ReasoningModule(nn.Module):
         layers = n_layers if n_layers is not None else c.n_layers
         if c.mixer == "mlp":
             self.layers = nn.ModuleList(
-                SequenceMLPBlock(c.seq_len, c.dim, c.hidden, c.norm_eps) for _ in range(layers)
+                SequenceMLPBlock(c.positions, c.dim, c.hidden, c.norm_eps) for _ in range(layers)
             )
         else:
             block = BLOCKS[c.block]
@@ -154,33 +171,50 @@ class Reasoner(nn.Module):
         self.config = config
         self.embed = nn.Embedding(config.vocab_size, config.dim)
         nn.init.normal_(self.embed.weight, std=1.0 / math.sqrt(config.dim))
-        self.rope = RotaryEmbedding(config.dim // config.n_heads, config.seq_len, config.rope_base)
+        # Which task (and augmentation) a grid comes from: ARC's rule is not in the test input alone. Starts
+        # at zero (as in HRM/TRM), so an identifier seen in no training row is a blank prefix.
+        self.puzzle_embed = (
+            nn.Embedding(config.puzzles, config.puzzle_tokens * config.dim) if config.puzzles else None
+        )
+        if self.puzzle_embed is not None:
+            nn.init.zeros_(self.puzzle_embed.weight)
+        self.rope = RotaryEmbedding(config.dim // config.n_heads, config.positions, config.rope_base)
         self.lm_head = nn.Linear(config.dim, config.vocab_size, bias=False)
         self.halt_head = HaltHead(config.dim)
         self.value_head = ValueHead(config.dim)
 
     # -- pieces the models share ----------------------------------------------------------------------------
-    def embed_input(self, inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(e_x, rope)``: the input embedding (scaled to unit RMS like the normalised states) and the
-        rotary tables of its positions."""
+    def embed_input(
+        self, inputs: torch.Tensor, puzzle_ids: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(e_x, rope)``: the input embedding (scaled to unit RMS like the normalised states), after the
+        puzzle's embedding positions when the model has them, and the rotary tables of its positions."""
         e_x = self.embed(inputs.long()) * math.sqrt(self.config.dim)
-        return e_x, self.rope.tables(torch.arange(inputs.shape[1], device=inputs.device))
+        if self.puzzle_embed is not None:
+            if puzzle_ids is None:
+                raise UsageError(
+                    "this model was trained with puzzle embeddings: give each input its puzzle id"
+                )
+            prefix = self.puzzle_embed(puzzle_ids.long()).view(len(inputs), self.config.puzzle_tokens, -1)
+            e_x = torch.cat([prefix.to(e_x.dtype) * math.sqrt(self.config.dim), e_x], dim=1)
+        return e_x, self.rope.tables(torch.arange(e_x.shape[1], device=inputs.device))
 
     def init_state(self, name: str) -> None:
         """A fixed initial latent ``[dim]`` sampled once (truncated normal) and stored as a buffer."""
         self.register_buffer(name, nn.init.trunc_normal_(torch.empty(self.config.dim), std=1.0, a=-2, b=2))
 
     def broadcast_state(self, name: str, inputs: torch.Tensor) -> torch.Tensor:
-        """The stored initial latent ``name`` expanded to ``[B, L, dim]``."""
+        """The stored initial latent ``name`` expanded to ``[B, P + L, dim]``."""
         batch, length = inputs.shape
-        return getattr(self, name).expand(batch, length, -1).clone()
+        return getattr(self, name).expand(batch, self.config.prefix_len + length, -1).clone()
 
     def readout(self, state: torch.Tensor, kl: torch.Tensor | None = None) -> ReasonerOutput:
-        """Logits, halt logit and value from the state the decoder reads."""
+        """Logits (of the input's positions), halt logit (from the first position) and value from the state
+        the decoder reads."""
         zeros = torch.zeros(state.shape[0], device=state.device)
         q_halt, q_continue = self.halt_head(state)
         return ReasonerOutput(
-            logits=self.lm_head(state),
+            logits=self.lm_head(state[:, self.config.prefix_len :]),
             halt_logit=q_halt,
             continue_logit=q_continue,
             value=self.value_head(state),

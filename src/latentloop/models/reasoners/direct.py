@@ -22,5 +22,5 @@ class DirectReasoner(Reasoner):
     def forward(  # type: ignore[override]
         self, carry: Carry, batch: dict[str, torch.Tensor], target: torch.Tensor | None = None
     ) -> tuple[Carry, ReasonerOutput]:
-        e_x, rope = self.embed_input(batch["inputs"])
+        e_x, rope = self.embed_input(batch["inputs"], batch.get("puzzle_ids"))
         return {}, self.readout(self.net(e_x, None, rope))

@@ -114,8 +114,10 @@ class GRAMReasoner(Reasoner):
     def forward(  # type: ignore[override]
         self, carry: Carry, batch: dict[str, torch.Tensor], target: torch.Tensor | None = None
     ) -> tuple[Carry, ReasonerOutput]:
-        e_x, rope = self.embed_input(batch["inputs"])
+        e_x, rope = self.embed_input(batch["inputs"], batch.get("puzzle_ids"))
         e_y = None if target is None else self.target_embed(target.long())
+        if e_y is not None and self.config.prefix_len:  # the puzzle-embedding positions have no target
+            e_y = F.pad(e_y, (0, 0, self.config.prefix_len, 0))
         h, l = carry["h"], carry["l"]  # noqa: E741
         with torch.no_grad():
             for _ in range(self.config.cycles - 1):

@@ -31,7 +31,7 @@ class HRMReasoner(Reasoner):
     def forward(  # type: ignore[override]
         self, carry: Carry, batch: dict[str, torch.Tensor], target: torch.Tensor | None = None
     ) -> tuple[Carry, ReasonerOutput]:
-        x, rope = self.embed_input(batch["inputs"])
+        x, rope = self.embed_input(batch["inputs"], batch.get("puzzle_ids"))
         z_H, z_L = carry["z_H"], carry["z_L"]
         H_cycles, L_cycles = self.config.cycles, self.config.inner
         with torch.no_grad():

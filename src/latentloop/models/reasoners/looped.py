@@ -23,7 +23,7 @@ class LoopedReasoner(Reasoner):
     def forward(  # type: ignore[override]
         self, carry: Carry, batch: dict[str, torch.Tensor], target: torch.Tensor | None = None
     ) -> tuple[Carry, ReasonerOutput]:
-        e_x, rope = self.embed_input(batch["inputs"])
+        e_x, rope = self.embed_input(batch["inputs"], batch.get("puzzle_ids"))
         h = carry["h"]
         with torch.no_grad():
             for _ in range(self.config.cycles - 1):

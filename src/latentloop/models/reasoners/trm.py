@@ -39,7 +39,7 @@ class TRMReasoner(Reasoner):
     def forward(  # type: ignore[override]
         self, carry: Carry, batch: dict[str, torch.Tensor], target: torch.Tensor | None = None
     ) -> tuple[Carry, ReasonerOutput]:
-        x, rope = self.embed_input(batch["inputs"])
+        x, rope = self.embed_input(batch["inputs"], batch.get("puzzle_ids"))
         y, z = carry["y"], carry["z"]
         with torch.no_grad():
             for _ in range(self.config.cycles - 1):
