@@ -236,7 +236,7 @@ def evaluate_reasoner(
 
         puzzles = dataset.metadata.get("puzzles", {})
         report = evaluate_arc(
-            model, the_task, dataset.split("test"), puzzles, samples, steps, select, limit=limit
+            model, the_task, dataset.split("test"), puzzles, samples, steps, select, batch_size, limit
         )
     else:
         inputs = unique_puzzles(dataset.split("test"), limit)
