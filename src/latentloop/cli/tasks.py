@@ -208,13 +208,19 @@ def _solve_exact(task: Task, puzzle: Any, all_: bool, limit: int | None) -> tupl
 
 
 def _solve_with_model(
-    task: Task, puzzle: Any, model: str, all_: bool, samples: int = 1, select: str = "vote"
+    task: Task,
+    puzzle: Any,
+    model: str,
+    all_: bool,
+    samples: int = 1,
+    select: str = "vote",
+    model_task: str | None = None,
 ) -> tuple[dict, str, bool]:
     from latentloop.eval.reasoners import solve_puzzle
 
     if all_:
         raise UsageError("--all lists exact solutions; with --model use --samples K")
-    return solve_puzzle(model, task, puzzle, samples=samples, select=select)
+    return solve_puzzle(model, task, puzzle, samples=samples, select=select, model_task=model_task)
 
 
 @app.command("solve", context_settings=_EXTRA)
@@ -223,7 +229,9 @@ def solve(
     task: str = typer.Argument(..., help="Task name (options as TASK:key=value or --key value)."),
     puzzle: str = typer.Argument(..., help="The puzzle in the task's text form."),
     exact: bool = typer.Option(False, "--exact", help="Use the classical exact solver."),
-    model: str | None = typer.Option(None, "--model", help="Use a trained model (run folder or checkpoint)."),
+    model: str | None = typer.Option(
+        None, "--model", help="Use a trained model (run folder or checkpoint); default: the pretrained one."
+    ),
     all_: bool = typer.Option(False, "--all", help="List every solution (up to --limit)."),
     limit: int | None = typer.Option(None, "--limit", help="Most solutions to list with --all."),
     n: str | None = typer.Option(None, "--n", help="Task option n."),
@@ -232,19 +240,44 @@ def solve(
     select: str = typer.Option("vote", "--select", help="With --model: vote, value or first."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
-    """Solve a puzzle with the exact solver (--exact) or a trained model (--model); exit 1 when unsolved."""
-    if exact == (model is not None):
+    """Solve a puzzle with the exact solver (--exact), a trained model (--model), or else the pretrained model
+    shipped for the task; exit 1 when unsolved."""
+    if exact and model is not None:
         raise UsageError("choose one solver: --exact (the classical exact solver) or --model RUN")
     if limit is not None and limit < 1:
         raise UsageError(f"--limit must be at least 1, got {limit}")
-    the_task, _ = _task(task, ctx, n=n, colors=colors)
-    the_puzzle = the_task.parse(puzzle)
+    the_task, options = _task(task, ctx, n=n, colors=colors)
+    pretrained = None
+    if not exact and model is None:
+        from latentloop.pretrained import pretrained_model, pretrained_task_spec
+
+        pretrained = pretrained_model(the_task.name)
+        model = str(pretrained)
+        if not options:  # the shipped model fixes the puzzle size (e.g. 6x6 Sudoku)
+            the_task, _ = _task(pretrained_task_spec(pretrained), ctx)
+    try:
+        the_puzzle = the_task.parse(puzzle)
+    except UsageError as error:
+        if pretrained is None:
+            raise
+        raise UsageError(
+            f"{error} (the pretrained {the_task.name} model takes {pretrained_task_spec(pretrained)} puzzles; "
+            "use --exact or --model RUN for others)"
+        ) from None
     if exact:
         payload, text, solved = _solve_exact(the_task, the_puzzle, all_, limit)
     else:
         if samples < 1:
             raise UsageError(f"--samples must be at least 1, got {samples}")
-        payload, text, solved = _solve_with_model(the_task, the_puzzle, model or "", all_, samples, select)
+        payload, text, solved = _solve_with_model(
+            the_task,
+            the_puzzle,
+            model or "",
+            all_,
+            samples,
+            select,
+            pretrained_task_spec(pretrained) if pretrained else None,
+        )
     _emit(as_json, payload, text)
     if not solved:
         raise typer.Exit(1)

@@ -252,10 +252,11 @@ def evaluate_reasoner(
 
 
 def solve_puzzle(
-    run: str, task: Task, puzzle: Any, samples: int = 1, select: str = "vote"
+    run: str, task: Task, puzzle: Any, samples: int = 1, select: str = "vote", model_task: str | None = None
 ) -> tuple[dict, str, bool]:
-    """``latentloop solve TASK PUZZLE --model RUN``: ``(payload, text, solved)``."""
-    model, run_task, _, folder = load_run(run)
+    """``latentloop solve TASK PUZZLE --model RUN``: ``(payload, text, solved)``. ``model_task`` names the
+    model's task when ``run`` is a bare checkpoint (a shipped pretrained model)."""
+    model, run_task, _, folder = load_run(run, model_task)
     if model.config.puzzles:
         from latentloop.eval.arc import solve_arc_puzzle
 

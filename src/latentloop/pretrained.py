@@ -1,0 +1,44 @@
+"""Small pretrained models shipped inside the package, so ``latentloop solve TASK PUZZLE`` answers right after
+installation, without training.
+
+Each folder under ``resources/pretrained/`` is a checkpoint (``config.json`` and the EMA weights
+``model.safetensors``) plus ``run.yaml``, the configuration of the training run that produced it (a shipped
+experiment's run). ``scripts/pretrained.sh`` retrains them by replaying the same batches from the same seed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from latentloop.config import load_yaml
+from latentloop.errors import UsageError
+
+PRETRAINED_DIR = Path(__file__).resolve().parent / "resources" / "pretrained"
+
+
+def pretrained_models(folder: Path = PRETRAINED_DIR) -> dict[str, Path]:
+    """Task name -> the shipped model's folder (one per task)."""
+    found: dict[str, Path] = {}
+    for path in sorted(folder.iterdir()) if folder.is_dir() else []:
+        if (path / "run.yaml").is_file() and (path / "model.safetensors").is_file():
+            found.setdefault(str(load_yaml(path / "run.yaml")["task"]["name"]), path)
+    return found
+
+
+def pretrained_task_spec(folder: Path) -> str:
+    """The task (with the options it was trained on) of a shipped model, as ``name:key=value,...``."""
+    task = dict(load_yaml(folder / "run.yaml")["task"])
+    name = task.pop("name")
+    options = ",".join(f"{key}={value}" for key, value in task.items())
+    return f"{name}:{options}" if options else str(name)
+
+
+def pretrained_model(task: str) -> Path:
+    """The shipped model for ``task``; a one-line error naming the alternatives when none ships."""
+    folder = pretrained_models().get(task)
+    if folder is None:
+        shipped = ", ".join(sorted(pretrained_models())) or "none"
+        raise UsageError(
+            f"no pretrained model ships for {task!r} (shipped: {shipped}); solve it with --exact or --model RUN"
+        )
+    return folder

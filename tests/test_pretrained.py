@@ -1,0 +1,64 @@
+"""The pretrained models shipped in the package: they load, match their run config, and solve puzzles."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from latentloop.cli import main
+from latentloop.config import load_yaml
+from latentloop.errors import UsageError
+from latentloop.eval.reasoners import solve_puzzle
+from latentloop.models.reasoners import load_reasoner
+from latentloop.pretrained import pretrained_model, pretrained_models, pretrained_task_spec
+from latentloop.tasks.base import get_task, parse_task_spec
+
+SHIPPED = pretrained_models()
+
+
+def test_sudoku_and_nqueens_models_ship():
+    assert {"sudoku", "nqueens"} <= set(SHIPPED)
+
+
+@pytest.mark.parametrize("task", sorted(SHIPPED))
+def test_a_shipped_model_is_the_model_its_run_config_describes(task):
+    folder = SHIPPED[task]
+    model = load_reasoner(folder)
+    run = load_yaml(folder / "run.yaml")
+    assert model.arch == run["arch"]
+    for key in ("dim", "n_layers", "hidden", "n_sup", "cycles", "inner", "seq_len", "vocab_size"):
+        assert getattr(model.config, key) == run["model"][key], key
+    assert sum(f.stat().st_size for f in folder.iterdir()) < 8 * 2**20  # a few MB
+
+
+@pytest.mark.parametrize("task", sorted(SHIPPED))
+def test_a_shipped_model_solves_most_held_out_puzzles(task):
+    folder = SHIPPED[task]
+    spec = pretrained_task_spec(folder)
+    the_task = get_task(*parse_task_spec(spec)[:1], **parse_task_spec(spec)[1])
+    seed = int(load_yaml(folder / "run.yaml")["train"]["seed"])
+    puzzles: dict[bytes, np.ndarray] = {}
+    for puzzle, _ in the_task.examples("test", seed):  # the split the model never trained on
+        puzzles.setdefault(np.asarray(puzzle).tobytes(), puzzle)
+        if len(puzzles) == 20:
+            break
+    solved = [solve_puzzle(str(folder), the_task, p, samples=4, model_task=spec)[2] for p in puzzles.values()]
+    assert np.mean(solved) >= 0.5, solved
+
+
+def test_solve_without_a_solver_flag_uses_the_shipped_model(capsys):
+    puzzle = ".1.26....3.....61...6...5....44....."  # from the held-out split
+    code = main(["solve", "sudoku", puzzle, "--json"])
+    out = capsys.readouterr().out
+    assert code in (0, 1) and '"valid"' in out
+
+
+def test_a_puzzle_of_another_size_than_the_shipped_model_is_a_usage_error(capsys):
+    code = main(["solve", "sudoku", "." * 81])
+    err = capsys.readouterr().err
+    assert code == 2 and "pretrained sudoku model" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_task_without_a_shipped_model_names_the_alternatives():
+    with pytest.raises(UsageError, match="--exact or --model"):
+        pretrained_model("graph-coloring")
