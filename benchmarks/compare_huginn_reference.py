@@ -56,6 +56,7 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
+from latentloop.io import emit_json_report
 from latentloop.models.generation import generate
 from latentloop.models.kv_cache import RecurrentKVCache
 from latentloop.models.recurrent_depth import RecurrentDepthConfig, RecurrentDepthLM
@@ -696,10 +697,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SetupError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.output is not None:
-        args.output.write_text(text + "\n")
+    emit_json_report(report, args.output, indent=2)
     return 0
 
 

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import yaml
 
+from latentloop.io import emit_json_report
+
 CONFIG = {
     "model": {
         "n_embd": 128,
@@ -119,11 +121,7 @@ def main() -> None:
         f"ratio_{args.processes}_over_1": round(statistics.median(ratios), 3),
         "max_loss_difference": max(loss_gaps),
     }
-    text = json.dumps(result, indent=1)
-    print(text)
-    if args.output:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(text + "\n")
+    emit_json_report(result, args.output)
 
 
 if __name__ == "__main__":

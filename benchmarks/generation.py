@@ -23,7 +23,6 @@ which model was used). Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 import sys
@@ -35,6 +34,7 @@ from typing import Any
 import torch
 
 from latentloop.errors import UsageError
+from latentloop.io import emit_json_report
 from latentloop.models.generation import GenerationOutput, generate
 from latentloop.models.kv_cache import RecurrentKVCache
 from latentloop.models.recurrent_depth import RecurrentDepthConfig, RecurrentDepthLM
@@ -464,10 +464,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.output is not None:
-        args.output.write_text(text + "\n")
+    emit_json_report(report, args.output, indent=2)
     return 0
 
 

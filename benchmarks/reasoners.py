@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import platform
 import statistics
 import time
@@ -36,6 +35,7 @@ import torch
 
 from latentloop.config import load_yaml
 from latentloop.infer.scaling import solve
+from latentloop.io import emit_json_report
 from latentloop.models.reasoners import REASONERS, Reasoner, build_reasoner, num_parameters
 from latentloop.tasks.base import Task, get_task
 from latentloop.train.deep_supervision import (
@@ -219,11 +219,7 @@ def main() -> None:
             for arch in args.sampling_models.split(",")
             if arch
         }
-    text = json.dumps(report, indent=1)
-    print(text)
-    if args.output:
-        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.output).write_text(text + "\n")
+    emit_json_report(report, args.output)
 
 
 if __name__ == "__main__":

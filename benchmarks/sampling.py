@@ -20,7 +20,6 @@ Usage: ``python benchmarks/sampling.py [--samples 64] [--repeats 5] [--warmup 1]
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 import time
@@ -32,6 +31,7 @@ import torch
 
 from latentloop.config import load_yaml
 from latentloop.infer.scaling import solve
+from latentloop.io import emit_json_report
 from latentloop.models.reasoners import Reasoner, build_reasoner, num_parameters
 from latentloop.tasks.base import Task, get_task
 from latentloop.train.deep_supervision import build_reasoner_config, fit_to_task
@@ -154,11 +154,7 @@ def main() -> None:
         "quick": quick,
         "sampling": bench(task, samples, repeats, warmup, mdlm_steps, args.gram_steps, args.seed),
     }
-    text = json.dumps(report, indent=1)
-    print(text)
-    if args.output:
-        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.output).write_text(text + "\n")
+    emit_json_report(report, args.output)
 
 
 if __name__ == "__main__":

@@ -37,3 +37,13 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     """Write ``data`` to ``path`` atomically."""
     with atomic_path(path) as temp:
         temp.write_bytes(data)
+
+
+def emit_json_report(report: object, output: str | Path | None, indent: int = 1) -> None:
+    """Print ``report`` as JSON and, when ``output`` is given, write the same text there atomically."""
+    import json
+
+    text = json.dumps(report, indent=indent)
+    print(text)
+    if output:
+        atomic_write_text(output, text + "\n")
