@@ -21,6 +21,7 @@ the uninterrupted run's losses exactly on the same machine.
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -499,15 +500,8 @@ def train_reasoner(
     try:
         with bar, interrupt:
             while step < end_step:
-                # All ranks must stop at the same batch, so a signal or the budget seen by one stops all.
-                interrupted, over_budget = dist.any_rank(
-                    [interrupt.raised, time.perf_counter() - started >= budget_s], ctx
-                )
-                if interrupted:
-                    if step > saved_step:
-                        save(step)
-                    raise KeyboardInterrupt
-                if over_budget:
+                unsaved = functools.partial(save, step) if step > saved_step else None
+                if interrupt.should_stop(ctx, started, budget_s, checkpoint=unsaved):
                     stopped = "budget"
                     break
                 tick = time.perf_counter()

@@ -23,6 +23,7 @@ overrides such as ``model.n_embd=128 train.lr=1e-3 task.digits=3``.
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 import json
 import math
@@ -586,16 +587,8 @@ def _train(
     try:
         with bar, interrupt:
             while step < end_step:
-                # All ranks must stop at the same step, so a signal or the budget seen by one stops all.
-                interrupted, over_budget = dist.any_rank(
-                    [interrupt.raised, time.perf_counter() - started >= budget_s], ctx
-                )
-                if interrupted:
-                    # Stop between steps, so the checkpoint holds a consistent state, then let the caller know.
-                    if step > saved_step:
-                        save(step)
-                    raise KeyboardInterrupt
-                if over_budget:
+                unsaved = functools.partial(save, step) if step > saved_step else None
+                if interrupt.should_stop(ctx, started, budget_s, checkpoint=unsaved):
                     stopped = "budget"
                     break
                 tick = time.perf_counter()
@@ -818,6 +811,21 @@ class _InterruptFlag:
 
     def __exit__(self, *exc: object) -> None:
         self._restore()
+
+    def should_stop(
+        self, ctx: dist.DistContext, started: float, budget_s: float, checkpoint: Callable[[], Any] | None
+    ) -> bool:
+        """Called between steps: on a signal (seen by any rank) run ``checkpoint`` (None when the state is
+        saved already) and raise KeyboardInterrupt; return True once the time budget since ``started`` is
+        spent. All ranks must stop at the same step, so the decision is shared."""
+        interrupted, over_budget = dist.any_rank(
+            [self.raised, time.perf_counter() - started >= budget_s], ctx
+        )
+        if interrupted:
+            if checkpoint is not None:  # between steps, so the checkpoint holds a consistent state
+                checkpoint()
+            raise KeyboardInterrupt
+        return bool(over_budget)
 
 
 class _ProgressBar:
