@@ -56,6 +56,11 @@ def test_experiment_trains_evaluates_and_reports(tmp_path):
     report = (tmp_path / "out" / "report.md").read_text()
     assert "| gram |" in report and "| trm |" in report and "99.7" in report
     assert (tmp_path / "out" / "curves.png").stat().st_size > 0
+    # A few answers of each model are kept (tokens, the verifier's verdict) and drawn.
+    for row in results["models"].values():
+        examples = row["eval"]["examples"]
+        assert 1 <= len(examples) <= 4 and all(len(e["answer"]) == 25 for e in examples)
+    assert (tmp_path / "out" / "boards.png").stat().st_size > 0 and "boards.png" in report
 
 
 def test_second_run_skips_finished_parts(tmp_path):

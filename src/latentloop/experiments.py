@@ -18,8 +18,9 @@ classifier scores beside real held-out digits.
 
 :func:`run_experiment` trains each model in ``OUT/<model>`` (resuming an interrupted run; a finished run is not
 trained again), evaluates it on the test split with depth (steps ``1..steps``) and width (samples
-``1..samples``) curves, and writes ``results.json``, ``report.md`` and ``curves.png`` in ``OUT``. Every
-number in the report comes from ``results.json``, which in turn holds each run's ``eval.json``.
+``1..samples``) curves, and writes ``results.json``, ``report.md``, ``curves.png`` and (tasks that draw
+their answers) ``boards.png`` in ``OUT``. Every number in the report comes from ``results.json``, which in
+turn holds each run's ``eval.json``.
 """
 
 from __future__ import annotations
@@ -339,7 +340,28 @@ def run_experiment(
     _write_json(out / "results.json", results)
     atomic_write_text(out / "report.md", report_markdown(results))
     plot_results(results, out / "curves.png")
+    if experiment.kind == "reasoners":
+        _plot_example_boards(results, out)
     return results
+
+
+def _plot_example_boards(results: dict[str, Any], out: Path) -> None:
+    """``boards.png``: a few answers of every model (solved ones first), where the task can draw them."""
+    from latentloop.eval.reasoners import plot_boards
+    from latentloop.tasks.base import get_task
+    from latentloop.train.deep_supervision import load_reasoner_run_config
+
+    examples = {
+        name: row["eval"]["examples"]
+        for name, row in results["models"].items()
+        if row["eval"].get("examples")
+    }
+    if not examples:
+        return
+    config = load_reasoner_run_config(out / next(iter(examples)) / "config.yaml")
+    task = get_task(config.task.name, **config.task.options)
+    if task.drawable:
+        plot_boards(examples, task, out / "boards.png")
 
 
 # Reporting -----------------------------------------------------------------------------------------------------
@@ -553,6 +575,8 @@ def report_markdown(results: dict[str, Any], command: str | None = None) -> str:
             parts = [_pct(p["vote"]), _pct(p["value"])] + ([_pct(p.get("coverage"))] if has_cov else [])
             cells.append(" / ".join(parts))
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    if any(row["eval"].get("examples") for row in results["models"].values()):
+        lines += ["", "A few answers of each model, solved puzzles first, drawn in `boards.png`."]
     if results.get("paper_note"):
         lines += ["", results["paper_note"]]
     return "\n".join(lines) + "\n"

@@ -178,3 +178,19 @@ def test_corrupted_colouring_is_rejected(graph: G.Graph, vertex: int) -> None:
 def test_bad_options(options: dict[str, str]) -> None:
     with pytest.raises(UsageError):
         get_task("graph-coloring", **options)
+
+
+def test_draw_marks_edges_whose_ends_share_a_colour() -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import to_hex
+
+    task = get_task("graph-coloring", n=4)
+    graph = G.Graph(4, ((0, 1), (1, 2), (2, 3)))
+    fig, ax = plt.subplots()
+    task.draw(ax, graph, (0, 1, 1, 0))
+    colours = [to_hex(line.get_color()) for line in ax.lines]
+    plt.close(fig)
+    assert colours.count(to_hex("tab:red")) == 1 and len(colours) == 3  # only edge 1-2 clashes

@@ -126,3 +126,23 @@ def test_encode_decode_round_trip(bits: list[bool]) -> None:
 def test_bad_options(options: dict[str, str]) -> None:
     with pytest.raises(UsageError):
         get_task("nqueens", **options)
+
+
+def test_draw_marks_attacked_queens_red_and_dropped_givens() -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import to_hex
+
+    task = get_task("nqueens", n=4)
+    puzzle = np.zeros((4, 4), bool)
+    puzzle[0, 0] = puzzle[3, 3] = True
+    answer = np.zeros((4, 4), bool)
+    answer[0, 0] = answer[1, 1] = answer[2, 3] = True  # (0,0) and (1,1) share a diagonal; given (3,3) dropped
+    fig, ax = plt.subplots()
+    task.draw(ax, puzzle, answer)
+    drawn = {tuple(c.get_offsets()[0][::-1].astype(int)): to_hex(c.get_facecolor()[0]) for c in ax.collections}
+    plt.close(fig)
+    red, blue = to_hex("tab:red"), to_hex("tab:blue")
+    assert drawn == {(0, 0): red, (1, 1): red, (2, 3): blue, (3, 3): red}

@@ -239,3 +239,25 @@ def test_unconditional_rows_map_the_empty_grid_to_random_complete_boards() -> No
     assert not task.verify(task.blank(), broken)
     with pytest.raises(UsageError, match="unconditional"):
         get_task("sudoku", n=6, unconditional="maybe")
+
+
+def test_draw_colours_givens_fills_and_clashes() -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import to_hex
+
+    task = get_task("sudoku", box="2x2")
+    solution = np.array([[1, 2, 3, 4], [3, 4, 1, 2], [2, 1, 4, 3], [4, 3, 2, 1]])
+    puzzle = np.where(np.eye(4, dtype=bool), solution, 0)
+    answer = solution.copy()
+    answer[0, 1] = 1  # repeats the given 1 of row 0 (and of the top-left box)
+    fig, ax = plt.subplots()
+    task.draw(ax, puzzle, answer)
+    colours = {(int(t.get_position()[1]), int(t.get_position()[0])): to_hex(t.get_color()) for t in ax.texts}
+    plt.close(fig)
+    assert len(colours) == 16
+    assert colours[(0, 1)] == colours[(0, 0)] == to_hex("tab:red")  # both 1s of row 0 clash
+    assert colours[(1, 1)] == "#000000" and colours[(2, 2)] == "#000000"  # untouched givens
+    assert colours[(3, 0)] == to_hex("tab:blue")  # a correct fill

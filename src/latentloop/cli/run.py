@@ -45,7 +45,7 @@ def run_command(
     json_output: bool = typer.Option(False, "--json", help="Print the results as JSON."),
 ) -> None:
     """Run an experiment: train its models under one budget, evaluate depth and width scaling, write a report
-    (report.md, results.json, curves.png). Running it again resumes and skips finished parts."""
+    (report.md, results.json, curves.png, boards.png). Running it again resumes and skips finished parts."""
     from latentloop.experiments import (
         DEFAULT_EXPERIMENT,
         available_experiments,

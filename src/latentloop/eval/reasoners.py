@@ -22,6 +22,7 @@ from latentloop.models.reasoners import Reasoner, load_reasoner, num_parameters
 from latentloop.tasks.base import Task
 
 MULTI_SOLUTION = ("nqueens", "graph-coloring")
+EXAMPLES = 4  # answers kept in a report (and drawn): solved puzzles first
 
 
 def decode_answer(task: Task, tokens: np.ndarray) -> Any:
@@ -136,6 +137,7 @@ def evaluate_model(
         conflicts = violations[-1, chosen, idx]
         report["conflicts_total"] = int(conflicts.sum())
         report["conflicts_mean"] = float(conflicts.mean())
+    totals = None
     if task.name in MULTI_SOLUTION:
         totals = np.array([max(1, len(task.solutions(p))) for p in puzzles])
         coverage = []
@@ -145,7 +147,38 @@ def evaluate_model(
         report["coverage"] = coverage[-1]
         for point, cov in zip(report["curve_samples"], coverage, strict=True):
             point["coverage"] = cov
+    report["examples"] = example_answers(inputs, predictions[-1], violations[-1], key_ids[-1], chosen, totals)
     return report
+
+
+def example_answers(
+    inputs: np.ndarray,
+    predictions: np.ndarray,
+    violations: np.ndarray,
+    key_ids: np.ndarray,
+    chosen: np.ndarray,
+    totals: np.ndarray | None,
+    count: int = EXAMPLES,
+) -> list[dict[str, Any]]:
+    """Up to ``count`` puzzles with the selected answer (tokens), solved ones first and among them those where
+    the samples found the most distinct valid answers. ``predictions`` ``[K, B, L]``, ``violations`` and
+    ``key_ids`` ``[K, B]``, ``chosen`` ``[B]``; ``totals`` ``[B]`` counts every valid answer (multi-solution
+    tasks)."""
+    idx = np.arange(len(inputs))
+    broken = violations[chosen, idx]
+    found = [len({key_ids[j, b] for j in range(len(key_ids)) if violations[j, b] == 0}) for b in idx]
+    order = sorted(idx, key=lambda b: (broken[b] > 0, -found[b], b))[:count]
+    return [
+        {
+            "index": int(b),
+            "puzzle": inputs[b].tolist(),
+            "answer": predictions[chosen[b], b].tolist(),
+            "violations": int(broken[b]),
+            "valid_found": found[b],
+            **({"solutions": int(totals[b])} if totals is not None else {}),
+        }
+        for b in order
+    ]
 
 
 def quick_accuracy(model: Reasoner, task: Task, split: dict[str, np.ndarray], limit: int) -> dict[str, Any]:
@@ -246,8 +279,11 @@ def evaluate_reasoner(
     report = {"run": str(run), "checkpoint": str(checkpoint), "model": model.arch, **report}
     if write:
         out = folder if folder is not None else checkpoint
-        write_reports(report, out)
-        report["written"] = [str(out / n) for n in ("eval.json", "eval.md", "eval_curves.png")]
+        write_reports(report, out, the_task)
+        names = ["eval.json", "eval.md", "eval_curves.png"] + (
+            ["eval_boards.png"] if the_task.drawable else []
+        )
+        report["written"] = [str(out / n) for n in names if (out / n).is_file()]
     return report
 
 
@@ -346,11 +382,47 @@ def plot_curves(report: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def write_reports(report: dict[str, Any], folder: str | Path) -> None:
-    """``eval.json``, ``eval.md`` and ``eval_curves.png`` in ``folder``."""
+def plot_boards(examples: dict[str, list[dict[str, Any]]], task: Task, path: Path) -> None:
+    """The example answers of each model (a row each, from :func:`example_answers`) drawn by the task, titled
+    with the verifier's verdict and, for multi-solution tasks, the distinct valid answers the samples found."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from latentloop.io import atomic_path
+
+    columns = max(len(rows) for rows in examples.values())
+    fig, axes = plt.subplots(
+        len(examples), columns, figsize=(2.3 * columns, 2.5 * len(examples)), squeeze=False
+    )
+    for row, (name, answers) in zip(axes, examples.items(), strict=True):
+        for ax in row:
+            ax.axis("off")
+        for ax, example in zip(row, answers, strict=False):
+            ax.axis("on")
+            puzzle = task.decode(np.asarray(example["puzzle"]))
+            task.draw(ax, puzzle, decode_answer(task, np.asarray(example["answer"])))
+            verdict = "valid" if example["violations"] == 0 else f"{example['violations']} broken"
+            title = f"#{example['index']}: {verdict}"
+            if "solutions" in example:
+                title += f"\n{example['valid_found']} of {example['solutions']} solutions found"
+            ax.set_title(title, fontsize=8, color="black" if example["violations"] == 0 else "tab:red")
+        row[0].set_ylabel(name)
+    fig.tight_layout()
+    with atomic_path(path) as temp:
+        fig.savefig(temp, format="png", dpi=100, bbox_inches="tight")
+    plt.close(fig)
+
+
+def write_reports(report: dict[str, Any], folder: str | Path, task: Task | None = None) -> None:
+    """``eval.json``, ``eval.md`` and ``eval_curves.png`` in ``folder``; with a ``task`` that can draw its
+    answers, ``eval_boards.png`` too."""
     from latentloop.io import atomic_write_text
 
     folder = Path(folder)
     atomic_write_text(folder / "eval.json", json.dumps(report, indent=1) + "\n")
     atomic_write_text(folder / "eval.md", markdown_table(report))
     plot_curves(report, folder / "eval_curves.png")
+    if task is not None and task.drawable and report.get("examples"):
+        plot_boards({report.get("model", "model"): report["examples"]}, task, folder / "eval_boards.png")

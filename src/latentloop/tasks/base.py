@@ -47,6 +47,13 @@ class Task(ABC):
         """The human text form of a puzzle or answer."""
         return str(answer)
 
+    drawable: bool = False
+
+    def draw(self, ax: Any, puzzle: Any, answer: Any) -> None:
+        """Draw ``answer`` to ``puzzle`` on the matplotlib axes ``ax``: the givens apart from what was filled
+        in, and the broken constraints marked (tasks with ``drawable = True``)."""
+        raise NotImplementedError(f"task {self.name!r} cannot draw its answers")
+
 
 # name -> "module:Class"; modules are imported on first use so the command line starts fast.
 TASKS: dict[str, str] = {

@@ -420,6 +420,20 @@ class GraphColoringTask(Task):
             return ",".join(f"{u}-{v}" for u, v in answer.edges)
         return "".join(str(c) for c in answer)
 
+    drawable = True
+
+    def draw(self, ax: Any, puzzle: Graph, answer: tuple[int, ...]) -> None:
+        """The graph on a circle, vertices in their colours (grey: none), edges whose ends share a colour red."""
+        angle = 2 * np.pi * np.arange(puzzle.n) / puzzle.n
+        x, y = np.sin(angle), np.cos(angle)
+        for u, v in puzzle.edges:
+            clash = answer[u] == answer[v] and answer[u] >= 0
+            ax.plot([x[u], x[v]], [y[u], y[v]], color="tab:red" if clash else "0.6", lw=2 if clash else 0.8)
+        palette = ["tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:pink", "tab:olive"]
+        colors = [palette[c % len(palette)] if c >= 0 else "0.8" for c in answer]
+        ax.scatter(x, y, s=120, c=colors, edgecolors="black", zorder=2)
+        ax.set(xlim=(-1.25, 1.25), ylim=(-1.25, 1.25), aspect="equal", xticks=[], yticks=[])
+
     def metadata(self) -> dict[str, Any]:
         """What a dataset's metadata.json records about this task."""
         return {

@@ -255,6 +255,30 @@ class NQueensTask(Task):
         """The text form of a board."""
         return format_board(answer, lines)
 
+    drawable = True
+
+    def draw(self, ax: Any, puzzle: np.ndarray, answer: np.ndarray) -> None:
+        """The board: given queens black, placed queens blue, queens under attack red, dropped givens as x."""
+        puzzle, answer = np.asarray(puzzle, dtype=bool), np.asarray(answer, dtype=bool)
+        n = len(answer)
+        ax.imshow(np.add.outer(np.arange(n), np.arange(n)) % 2, cmap="Greys", vmin=-0.5, vmax=6)
+        queens = np.argwhere(answer)
+        rows, cols = queens[:, 0], queens[:, 1]
+        attacks = (
+            (rows[:, None] == rows)
+            | (cols[:, None] == cols)
+            | (rows[:, None] - cols[:, None] == rows - cols)
+            | (rows[:, None] + cols[:, None] == rows + cols)
+        )
+        attacked = attacks.sum(axis=1) > 1  # a queen always "attacks" itself
+        for (r, c), hit in zip(queens, attacked, strict=True):
+            color = "tab:red" if hit else ("black" if puzzle[r, c] else "tab:blue")
+            ax.scatter([c], [r], s=(120 / n) ** 2, color=color, zorder=2)
+        for r, c in np.argwhere(puzzle & ~answer):
+            ax.scatter([c], [r], s=(120 / n) ** 2, marker="x", color="tab:red", zorder=2)
+        ax.set_xticks([])
+        ax.set_yticks([])
+
     def metadata(self) -> dict[str, Any]:
         """What a dataset's metadata.json records about this task."""
         return {"n": self.n, "k": self.k, "tokens": {"pad": PAD, "empty": EMPTY, "queen": QUEEN}}

@@ -717,6 +717,35 @@ class SudokuTask(Task):
         """One line with '.' for blanks, or a boxed layout when ``pretty``."""
         return format_grid(answer, pretty, self.box)
 
+    drawable = True
+
+    def draw(self, ax: Any, puzzle: np.ndarray, answer: np.ndarray) -> None:
+        """The grid: givens black, filled digits blue, digits repeated in a unit (or changed givens) red."""
+        n, (box_rows, box_cols) = self.n, self.box
+        grid, givens = np.asarray(answer).ravel(), np.asarray(puzzle).ravel()
+        clash = np.zeros(n * n, dtype=bool)
+        for cells in geometry(box_rows, box_cols).units:
+            digits = grid[cells]
+            counts = np.bincount(digits, minlength=n + 1)
+            clash[cells[(digits > 0) & (counts[digits] > 1)]] = True
+        clash |= (givens > 0) & (grid != givens)
+        for cell in range(n * n):
+            if grid[cell] > 0:
+                color = "tab:red" if clash[cell] else ("black" if givens[cell] else "tab:blue")
+                ax.text(
+                    cell % n,
+                    cell // n,
+                    str(grid[cell]),
+                    ha="center",
+                    va="center",
+                    color=color,
+                    fontsize=80 / n,
+                )
+        for k in range(n + 1):
+            ax.axhline(k - 0.5, color="black", lw=1.5 if k % box_rows == 0 else 0.3)
+            ax.axvline(k - 0.5, color="black", lw=1.5 if k % box_cols == 0 else 0.3)
+        ax.set(xlim=(-0.5, n - 0.5), ylim=(n - 0.5, -0.5), aspect="equal", xticks=[], yticks=[])
+
     def metadata(self) -> dict[str, Any]:
         """What a dataset's metadata.json records about this task."""
         return {

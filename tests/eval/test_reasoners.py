@@ -1,0 +1,29 @@
+"""Evaluation reports: the example answers kept (and drawn) for each model."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from latentloop.eval.reasoners import example_answers
+
+
+def test_example_answers_put_solved_puzzles_first_then_the_most_solutions_found():
+    inputs = np.arange(5 * 3).reshape(5, 3)
+    # 2 samples of 5 puzzles: predictions [K, B, L], violations and answer identities [K, B].
+    predictions = np.arange(2 * 5 * 3).reshape(2, 5, 3)
+    violations = np.array([[1, 0, 0, 2, 0], [1, 0, 3, 0, 0]])
+    key_ids = np.array([[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]])
+    chosen = np.array([0, 1, 0, 0, 1])  # puzzle 3's chosen answer is broken, though sample 1 solved it
+    examples = example_answers(inputs, predictions, violations, key_ids, chosen, np.array([1, 2, 1, 1, 3]), 4)
+    # Solved first (1 and 4 found 2 answers, 2 found 1), then the broken ones by answers found (3 before 0).
+    assert [e["index"] for e in examples] == [1, 4, 2, 3]
+    assert [e["violations"] for e in examples] == [0, 0, 0, 2]
+    assert examples[0]["answer"] == predictions[1, 1].tolist() and examples[0]["puzzle"] == [3, 4, 5]
+    assert examples[1]["valid_found"] == 2 and examples[1]["solutions"] == 3
+
+
+def test_example_answers_of_single_solution_tasks_have_no_solution_count():
+    examples = example_answers(
+        np.zeros((2, 3)), np.zeros((1, 2, 3)), np.zeros((1, 2)), np.zeros((1, 2)), np.zeros(2, int), None, 1
+    )
+    assert len(examples) == 1 and "solutions" not in examples[0]
