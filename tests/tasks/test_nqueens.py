@@ -142,7 +142,9 @@ def test_draw_marks_attacked_queens_red_and_dropped_givens() -> None:
     answer[0, 0] = answer[1, 1] = answer[2, 3] = True  # (0,0) and (1,1) share a diagonal; given (3,3) dropped
     fig, ax = plt.subplots()
     task.draw(ax, puzzle, answer)
-    drawn = {tuple(c.get_offsets()[0][::-1].astype(int)): to_hex(c.get_facecolor()[0]) for c in ax.collections}
+    drawn = {
+        tuple(c.get_offsets()[0][::-1].astype(int)): to_hex(c.get_facecolor()[0]) for c in ax.collections
+    }
     plt.close(fig)
     red, blue = to_hex("tab:red"), to_hex("tab:blue")
     assert drawn == {(0, 0): red, (1, 1): red, (2, 3): blue, (3, 3): red}
