@@ -61,6 +61,7 @@ class EvalSpec:
     steps: int = 16
     limit: int | None = None
     select: str = "vote"
+    seed: int = 0  # of the models' sampling noise: a rerun evaluates alike
     depths: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32])  # kind: lm only
 
 
@@ -117,7 +118,7 @@ def load_experiment(name_or_path: str) -> Experiment:
         overrides = [str(o) for o in entry.get("overrides") or []]
         specs.append(ModelSpec(str(model), config, overrides))
     raw_eval = data.get("eval") or {}
-    unknown = set(raw_eval) - {"samples", "steps", "limit", "select", "depths"}
+    unknown = set(raw_eval) - {"samples", "steps", "limit", "select", "seed", "depths"}
     if unknown:
         raise UsageError(f"{path}: unknown eval keys {', '.join(sorted(unknown))}")
     evaluation = EvalSpec(**raw_eval)
@@ -261,7 +262,7 @@ def _evaluate_model(
     # The generative baselines decode with their own loop (AR: one pass; MDLM: its unmasking steps), so the
     # experiment's supervision-step count does not apply to them: they use their own default.
     steps = None if hasattr(REASONERS[arch], "sample") else settings.steps
-    wanted = {"samples": settings.samples, "select": settings.select}
+    wanted = {"samples": settings.samples, "select": settings.select, "seed": settings.seed}
     report = _read_json(folder / "eval.json")
     if (
         report is not None
@@ -273,7 +274,12 @@ def _evaluate_model(
         return report
     log(f"{spec.name}: evaluating ({settings.samples} samples, steps 1..{steps or 'model default'})")
     report = evaluate_reasoner(
-        folder, samples=settings.samples, steps=steps, select=settings.select, limit=settings.limit
+        folder,
+        samples=settings.samples,
+        steps=steps,
+        select=settings.select,
+        limit=settings.limit,
+        seed=settings.seed,
     )
     report["limit"], report["requested_steps"] = settings.limit, steps
     _write_json(folder / "eval.json", report)

@@ -27,3 +27,39 @@ def test_example_answers_of_single_solution_tasks_have_no_solution_count():
         np.zeros((2, 3)), np.zeros((1, 2, 3)), np.zeros((1, 2)), np.zeros((1, 2)), np.zeros(2, int), None, 1
     )
     assert len(examples) == 1 and "solutions" not in examples[0]
+
+
+def test_evaluation_is_reproducible_from_its_seed_and_keeps_the_callers_rng(tmp_path):
+    import torch
+
+    from latentloop.eval.reasoners import evaluate_reasoner
+    from latentloop.train.deep_supervision import build_reasoner_config, train_reasoner
+
+    config = build_reasoner_config(
+        {
+            "arch": "gram",
+            "task": {"name": "nqueens", "n": 5},
+            "model": {
+                "dim": 16,
+                "n_heads": 2,
+                "n_layers": 1,
+                "hidden": 32,
+                "n_sup": 2,
+                "cycles": 1,
+                "inner": 1,
+            },
+            "train": {"steps": 2, "batch_size": 8, "eval_size": 0, "checkpoint_every": 0, "device": "cpu"},
+        },
+        [],
+    )
+    train_reasoner(config, tmp_path / "run")
+    torch.manual_seed(123)
+    expected_next = torch.rand(1)
+    torch.manual_seed(123)
+    reports = [
+        evaluate_reasoner(tmp_path / "run", samples=3, steps=2, seed=s, write=False) for s in (7, 7, 8)
+    ]
+    assert torch.equal(torch.rand(1), expected_next)  # evaluation drew from its own generator state
+    answers = [[e["answer"] for e in r["examples"]] for r in reports]
+    assert reports[0]["curve_samples"] == reports[1]["curve_samples"] and answers[0] == answers[1]
+    assert reports[0]["seed"] == 7 and reports[2]["seed"] == 8

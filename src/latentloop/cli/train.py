@@ -247,6 +247,7 @@ def eval_command(
     temperature: float = typer.Option(
         1.0, "--temperature", help="ar and mdlm: sampling temperature (0 = greedy)."
     ),
+    seed: int = typer.Option(0, "--seed", help="Puzzle models: seed of the sampling noise."),
     json_output: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
     """Held-out accuracy (or perplexity) at each test-time depth; writes eval.json, eval.md, eval_depth.png.
@@ -271,6 +272,7 @@ def eval_command(
             limit=limit,
             task=task,
             temperature=temperature,
+            seed=seed,
         )
         typer.echo(json.dumps(report) if json_output else reasoner_table(report).rstrip())
         if not json_output:

@@ -256,27 +256,31 @@ def evaluate_reasoner(
     task: str | None = None,
     write: bool = True,
     temperature: float = 1.0,
+    seed: int = 0,
     **_: Any,
 ) -> dict[str, Any]:
     """Evaluate a run's newest checkpoint on its test split; writes the reports into the run folder.
-    ``temperature`` is the sampling temperature of the AR and MDLM baselines (0: greedy)."""
+    ``temperature`` is the sampling temperature of the AR and MDLM baselines (0: greedy); ``seed`` seeds the
+    models' sampling noise, so the same call gives the same report (the caller's RNG state is kept)."""
     if samples < 1 or (steps is not None and steps < 1):
         raise UsageError("--samples and --steps must be at least 1")
-    model, the_task, checkpoint, folder = load_run(run, task)
-    dataset = run_dataset(run, folder)
-    if model.config.puzzles:
-        from latentloop.eval.arc import evaluate_arc
+    with torch.random.fork_rng(devices=[]):  # building the model draws (discarded) initial weights too
+        model, the_task, checkpoint, folder = load_run(run, task)
+        dataset = run_dataset(run, folder)
+        torch.manual_seed(seed)
+        if model.config.puzzles:
+            from latentloop.eval.arc import evaluate_arc
 
-        puzzles = dataset.metadata.get("puzzles", {})
-        report = evaluate_arc(
-            model, the_task, dataset.split("test"), puzzles, samples, steps, select, batch_size, limit
-        )
-    else:
-        inputs = unique_puzzles(dataset.split("test"), limit)
-        report = evaluate_model(
-            model, the_task, inputs, samples, steps, select, batch_size, temperature=temperature
-        )
-    report = {"run": str(run), "checkpoint": str(checkpoint), "model": model.arch, **report}
+            puzzles = dataset.metadata.get("puzzles", {})
+            report = evaluate_arc(
+                model, the_task, dataset.split("test"), puzzles, samples, steps, select, batch_size, limit
+            )
+        else:
+            inputs = unique_puzzles(dataset.split("test"), limit)
+            report = evaluate_model(
+                model, the_task, inputs, samples, steps, select, batch_size, temperature=temperature
+            )
+    report = {"run": str(run), "checkpoint": str(checkpoint), "model": model.arch, "seed": seed, **report}
     if write:
         out = folder if folder is not None else checkpoint
         write_reports(report, out, the_task)
