@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 from latentloop.cli import main
 from latentloop.config import load_yaml
@@ -44,6 +45,7 @@ def test_a_shipped_model_solves_most_held_out_puzzles(task):
         puzzles.setdefault(np.asarray(puzzle).tobytes(), puzzle)
         if len(puzzles) == 20:
             break
+    torch.manual_seed(0)  # the samples' noise: the count must not depend on what ran before
     solved = [solve_puzzle(str(folder), the_task, p, samples=4, model_task=spec)[2] for p in puzzles.values()]
     assert np.mean(solved) >= 0.5, solved
 
