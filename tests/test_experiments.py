@@ -10,20 +10,10 @@ import yaml
 from latentloop.cli import main
 from latentloop.errors import UsageError
 from latentloop.experiments import available_experiments, load_experiment, run_experiment
+from tests.tiny import TINY_LM, TINY_REASONER, tiny_run
 
-TINY_MODEL = {"dim": 16, "n_heads": 2, "n_layers": 1, "hidden": 32, "n_sup": 2, "cycles": 2, "inner": 2}
-TINY_TRAIN = {
-    "lr": 3e-3,
-    "warmup_steps": 2,
-    "batch_size": 8,
-    "steps": 3,
-    "precision": "fp32",
-    "device": "cpu",
-    "log_every": 1,
-    "eval_size": 0,
-    "checkpoint_every": 0,
-    "tensorboard": False,
-}
+TINY_MODEL = TINY_REASONER["model"]
+TINY_TRAIN = {**TINY_REASONER["train"], "steps": 3, "eval_size": 0}
 
 
 def write_experiment(folder, **changes):
@@ -170,9 +160,8 @@ def test_generative_baselines_are_evaluated_with_their_own_decoding_steps(tmp_pa
 
 
 def test_lm_experiment_reports_the_metric_against_depth(tmp_path):
-    from tests.train.conftest import TINY
 
-    lm = {**TINY, "train": {**TINY["train"], "steps": 2, "eval_size": 0}}
+    lm = tiny_run(TINY_LM, train={"steps": 2, "eval_size": 0})
     (tmp_path / "lm.yaml").write_text(yaml.safe_dump(lm))
     spec = {
         "kind": "lm",

@@ -18,7 +18,7 @@ from latentloop.eval.reasoners import load_run
 from latentloop.train.checkpoint import latest_checkpoint
 from latentloop.train.deep_supervision import build_reasoner_config, train_reasoner
 from latentloop.train.trainer import build_run_config, train
-from tests.train.conftest import TINY, TINY_REASONER
+from tests.tiny import TINY_LM, TINY_REASONER, tiny_run
 
 
 def _train_tiny(out: Path, arch: str, task: dict) -> Path:
@@ -122,7 +122,7 @@ def bad_runs(tmp_path_factory, digits_gram) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("bad")
     (root / "empty").mkdir()
     (root / "a_file").write_text("not a folder\n")
-    lm = {**TINY, "train": {**TINY["train"], "steps": 1, "eval_size": 0}}
+    lm = tiny_run(TINY_LM, train={"steps": 1, "eval_size": 0})
     train(build_run_config(lm), root / "lm", progress=False)
     _train_tiny(root / "nqueens", "gram", {"name": "nqueens", "n": 5})
     return {"root": root, "gram": digits_gram}

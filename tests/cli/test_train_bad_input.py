@@ -12,15 +12,15 @@ from latentloop.cli import main
 from latentloop.train.checkpoint import latest_checkpoint
 from latentloop.train.deep_supervision import build_reasoner_config, train_reasoner
 from latentloop.train.trainer import build_run_config, train
-from tests.train.conftest import TINY
+from tests.tiny import TINY_LM, TINY_REASONER, tiny_run
 
-LM = {**TINY, "train": {**TINY["train"], "steps": 2, "eval_size": 0}}
-REASONER = {
-    "arch": "trm",
-    "model": {"dim": 16, "n_heads": 2, "n_layers": 1, "hidden": 32, "n_sup": 1, "cycles": 1, "inner": 1},
-    "train": {"batch_size": 4, "steps": 1, "precision": "fp32", "device": "cpu", "eval_size": 0},
-    "task": {"name": "nqueens", "n": 5},
-}
+LM = tiny_run(TINY_LM, train={"steps": 2, "eval_size": 0})
+REASONER = tiny_run(
+    TINY_REASONER,
+    arch="trm",
+    model={"n_sup": 1, "cycles": 1, "inner": 1},
+    train={"batch_size": 4, "steps": 1, "eval_size": 0},
+)
 
 
 def _snapshot(folder: Path) -> dict[str, bytes]:

@@ -8,30 +8,9 @@ import pytest
 import yaml
 
 from latentloop.cli import main
+from tests.tiny import TINY_LM, tiny_run
 
-TINY = {
-    "model": {
-        "n_embd": 32,
-        "n_heads": 2,
-        "intermediate_size": 64,
-        "vocab_size": 264,
-        "block_size": 32,
-        "mean_recurrence": 3,
-        "mean_backprop_depth": 2,
-    },
-    "train": {
-        "batch_size": 8,
-        "steps": 3,
-        "warmup_steps": 1,
-        "precision": "fp32",
-        "device": "cpu",
-        "eval_every": 0,
-        "eval_size": 16,
-        "checkpoint_every": 0,
-        "tensorboard": False,
-    },
-    "task": {"name": "arithmetic", "digits": 2, "test_size": 16},
-}
+TINY = tiny_run(TINY_LM, train={"steps": 3, "warmup_steps": 1}, task={"test_size": 16})
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from latentloop.train.deep_supervision import (
     train_batch,
     train_reasoner,
 )
-from tests.train.conftest import TINY_REASONER
+from tests.tiny import TINY_REASONER
 
 TINY = TINY_REASONER
 

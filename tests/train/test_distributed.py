@@ -22,31 +22,12 @@ from latentloop.models.recurrent_depth import RecurrentDepthLM
 from latentloop.train import distributed as dist
 from latentloop.train.deep_supervision import build_reasoner_config, train_reasoner
 from latentloop.train.trainer import build_run_config, train
-from tests.train.conftest import TINY
+from tests.tiny import TINY_LM, TINY_REASONER, tiny_run
 
 TOLERANCE = 1e-5
 
-LM = {
-    **TINY,
-    "train": {**TINY["train"], "steps": 6, "eval_every": 2, "eval_size": 16, "eval_batch_size": 4},
-}
-REASONER = {
-    "arch": "trm",
-    "model": {"dim": 16, "n_heads": 2, "n_layers": 1, "hidden": 32, "n_sup": 2, "cycles": 2, "inner": 2},
-    "train": {
-        "lr": 3e-3,
-        "warmup_steps": 2,
-        "batch_size": 8,
-        "steps": 3,
-        "precision": "fp32",
-        "device": "cpu",
-        "log_every": 1,
-        "eval_size": 4,
-        "checkpoint_every": 0,
-        "tensorboard": False,
-    },
-    "task": {"name": "nqueens", "n": 5},
-}
+LM = tiny_run(TINY_LM, train={"eval_every": 2, "eval_batch_size": 4})
+REASONER = tiny_run(TINY_REASONER, arch="trm", train={"steps": 3})
 
 # One torchrun job runs every command line of a JSON list (argv lists for latentloop's main). The process
 # group is set up once here, so all runs share it (the trainers join an existing group rather than creating

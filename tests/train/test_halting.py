@@ -21,9 +21,9 @@ from latentloop.train.deep_supervision import (
     supervision_loss,
     train_reasoner,
 )
-from tests.train.conftest import TINY_REASONER
+from tests.tiny import TINY_REASONER, tiny_run
 
-TINY = {**TINY_REASONER, "train": {**TINY_REASONER["train"], "eval_size": 0}}
+TINY = tiny_run(TINY_REASONER, train={"eval_size": 0})
 
 
 def run_config(arch: str, halting: str, **train):

@@ -21,13 +21,13 @@ from safetensors.torch import load_file
 
 from latentloop.train.checkpoint import latest_checkpoint, list_checkpoints
 from latentloop.train.trainer import build_run_config, train
-from tests.train.conftest import TINY
+from tests.tiny import TINY_LM
 
 STEPS = 10
 CONFIG = {
-    **TINY,
+    **TINY_LM,
     "train": {
-        **TINY["train"],
+        **TINY_LM["train"],
         "steps": STEPS,
         "checkpoint_every": 2,
         "keep_checkpoints": 2,

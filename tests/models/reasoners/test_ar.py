@@ -14,6 +14,7 @@ from latentloop.infer.scaling import solve
 from latentloop.models.reasoners import ARReasoner, ReasonerConfig, build_reasoner, load_reasoner
 from latentloop.tasks.base import get_task
 from latentloop.train.deep_supervision import build_reasoner_config, supervision_loss, train_reasoner
+from tests.tiny import TINY_GENERATIVE
 
 TASK = get_task("nqueens", n=4)
 
@@ -130,28 +131,8 @@ def test_the_trainer_uses_the_models_own_loss():
     )
 
 
-TINY_RUN = {
-    "model": {"dim": 16, "n_heads": 2, "n_layers": 1, "hidden": 32, "n_sup": 1},
-    "train": {
-        "lr": 1e-2,
-        "warmup_steps": 2,
-        "batch_size": 16,
-        "steps": 30,
-        "precision": "fp32",
-        "device": "cpu",
-        "log_every": 1,
-        "eval_size": 4,
-        "checkpoint_every": 0,
-        "tensorboard": False,
-        "halt_weight": 0.0,
-        "value_weight": 0.0,
-    },
-    "task": {"name": "nqueens", "n": 5},
-}
-
-
 def test_a_tiny_training_run_lowers_the_loss_and_evaluates(tmp_path, capsys):
-    result = train_reasoner(build_reasoner_config(TINY_RUN, arch="ar"), tmp_path / "run")
+    result = train_reasoner(build_reasoner_config(TINY_GENERATIVE, arch="ar"), tmp_path / "run")
     assert len(result.losses) == 30  # n_sup = 1: one loss per batch
     assert sum(result.losses[-5:]) / 5 < sum(result.losses[:5]) / 5
     assert result.last_eval is not None and result.last_eval["num_steps"] == 1

@@ -16,6 +16,7 @@ from latentloop.models.reasoners import mdlm as mdlm_module
 from latentloop.models.reasoners.mdlm import MASK, mdlm_loss, sample_times, unmask
 from latentloop.tasks.base import get_task
 from latentloop.train.deep_supervision import build_reasoner_config, train_reasoner
+from tests.tiny import TINY_GENERATIVE, tiny_run
 
 TASK = get_task("nqueens", n=4)
 
@@ -156,24 +157,7 @@ def test_save_and_load_give_the_same_logits(tmp_path):
     assert torch.equal(model.denoise(x, z).logits, loaded.denoise(x, z).logits)
 
 
-TINY_RUN = {
-    "model": {"dim": 16, "n_heads": 2, "n_layers": 1, "hidden": 32, "n_sup": 1, "cycles": 3},
-    "train": {
-        "lr": 1e-2,
-        "warmup_steps": 2,
-        "batch_size": 16,
-        "steps": 30,
-        "precision": "fp32",
-        "device": "cpu",
-        "log_every": 1,
-        "eval_size": 4,
-        "checkpoint_every": 0,
-        "tensorboard": False,
-        "halt_weight": 0.0,
-        "value_weight": 0.0,
-    },
-    "task": {"name": "nqueens", "n": 5},
-}
+TINY_RUN = tiny_run(TINY_GENERATIVE, model={"cycles": 3})
 
 
 def test_a_tiny_training_run_resumes_exactly_and_evaluates(tmp_path, capsys):
