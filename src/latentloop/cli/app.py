@@ -8,6 +8,7 @@ app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    rich_markup_mode="markdown",  # docstrings' wrapped lines reflow to the terminal's width
 )
 data_app = typer.Typer(help="Build datasets on disk.", no_args_is_help=True)
 app.add_typer(data_app, name="data")

@@ -156,7 +156,7 @@ def train(
         "--stop-at",
         help="End this call after step N with a checkpoint; the schedule stays train.steps.",
     ),
-    out: str = typer.Option(None, "--out", "-o", help="Run folder (default runs/<task>-<model>)."),
+    out: str = typer.Option(None, "--out", "-o", help="Run folder (default runs/TASK-MODEL)."),
     json_output: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar or log lines."),
 ) -> None:
