@@ -57,6 +57,16 @@ def test_solve_without_a_solver_flag_uses_the_shipped_model(capsys):
     assert code == 0 and payload["valid"] and payload["violations"] == 0
 
 
+def test_solve_draws_the_answer_as_a_grid_then_the_line_that_check_reads(capsys):
+    puzzle = ".1.26....3.....61...6...5....44....."
+    assert main(["solve", "sudoku", puzzle]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    grid, answer, verdict = lines[:-2], lines[-2], lines[-1]
+    assert len(grid) == 6 + 2 and "+" in grid[2], "six rows and two box rules"
+    assert answer.startswith("answer: ") and verdict.startswith("valid")
+    assert main(["check", "sudoku:box=2x3", puzzle, answer.removeprefix("answer: ")]) == 0
+
+
 def test_a_puzzle_of_another_size_than_the_shipped_model_is_a_usage_error(capsys):
     code = main(["solve", "sudoku", "." * 81])
     err = capsys.readouterr().err

@@ -172,7 +172,7 @@ def _exact_nqueens(task: Any, puzzle: np.ndarray, all_: bool, limit: int | None)
     if not found:
         return payload, "no solution", False
     count = "1 (unique)" if len(found) == 1 else "2+ (use --all to list every completion)"
-    return payload, f"{task.format(found[0], lines=True)}\nsolution: {boards[0]}\ncount: {count}", True
+    return payload, f"{task.format(found[0], pretty=True)}\nsolution: {boards[0]}\ncount: {count}", True
 
 
 def _exact_graph(task: Any, puzzle: Any, all_: bool, limit: int | None) -> tuple[dict, str, bool]:

@@ -322,7 +322,9 @@ def solve_puzzle(
     text_answer = task.format(answer)
     payload = {"answer": text_answer, "valid": violations == 0, "violations": violations, "samples": samples}
     verdict = "valid (the verifier accepts it)" if violations == 0 else f"invalid: {violations} violations"
-    return payload, f"{text_answer}\n{verdict}", violations == 0
+    drawn = task.format(answer, pretty=True)
+    text = text_answer if drawn == text_answer else f"{drawn}\nanswer: {text_answer}"
+    return payload, f"{text}\n{verdict}", violations == 0
 
 
 # Reports -----------------------------------------------------------------------------------------------------

@@ -143,9 +143,9 @@ def parse_arc_grid(text: str) -> np.ndarray:
     return grid.astype(np.int8)
 
 
-def format_arc_grid(grid: np.ndarray) -> str:
-    """Digit rows separated by '|'."""
-    return "|".join("".join(str(int(v)) for v in row) for row in np.asarray(grid))
+def format_arc_grid(grid: np.ndarray, pretty: bool = False) -> str:
+    """Digit rows separated by '|', or one row per line when ``pretty``."""
+    return ("\n" if pretty else "|").join("".join(str(int(v)) for v in row) for row in np.asarray(grid))
 
 
 @functools.lru_cache(maxsize=4)
@@ -321,9 +321,9 @@ class ArcTask(Task):
         """An answer grid (JSON or digit rows)."""
         return parse_arc_grid(text)
 
-    def format(self, answer: np.ndarray) -> str:
-        """Digit rows separated by '|'."""
-        return format_arc_grid(answer)
+    def format(self, answer: np.ndarray, pretty: bool = False) -> str:
+        """Digit rows separated by '|', or one row per line when ``pretty``."""
+        return format_arc_grid(answer, pretty)
 
     def metadata(self) -> dict[str, Any]:
         """What a dataset's metadata.json records about this task."""

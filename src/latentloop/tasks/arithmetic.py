@@ -126,8 +126,8 @@ class ArithmeticTask(Task):
             return f"{problem.value():+0{width}d}"
         return f"{problem.value():0{width}d}"
 
-    def format(self, answer: Any) -> str:
-        """A problem's prompt, or an answer as text."""
+    def format(self, answer: Any, pretty: bool = False) -> str:
+        """A problem's prompt, or an answer as text (one line either way)."""
         return self.prompt(answer) if isinstance(answer, Problem) else str(answer)
 
     def parse(self, text: str) -> Problem:

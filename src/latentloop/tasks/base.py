@@ -43,8 +43,9 @@ class Task(ABC):
         """A puzzle or answer from its human text form; raises :class:`UsageError` with a clear message."""
         raise NotImplementedError(f"task {self.name!r} has no text form")
 
-    def format(self, answer: Any) -> str:
-        """The human text form of a puzzle or answer."""
+    def format(self, answer: Any, pretty: bool = False) -> str:
+        """The text form of a puzzle or answer, which :meth:`parse` reads back; ``pretty`` asks for the form
+        drawn for a reader (a grid on several lines) where the task has one."""
         return str(answer)
 
     drawable: bool = False

@@ -195,10 +195,12 @@ class DigitsTask(Task):
         """An answer image (same text form)."""
         return self.parse(text)
 
-    def format(self, answer: np.ndarray) -> str:
-        """Rows of '#', '.' and '?' separated by '|'."""
+    def format(self, answer: np.ndarray, pretty: bool = False) -> str:
+        """Rows of '#', '.' and '?' separated by '|', or one row per line when ``pretty``."""
         chars = {1: "#", 0: ".", -1: "?"}
-        return "|".join("".join(chars[int(v)] for v in row) for row in np.asarray(answer))
+        return ("\n" if pretty else "|").join(
+            "".join(chars[int(v)] for v in row) for row in np.asarray(answer)
+        )
 
     def metadata(self) -> dict[str, Any]:
         """What a dataset's metadata.json records about this task."""

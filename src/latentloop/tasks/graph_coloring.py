@@ -414,8 +414,8 @@ class GraphColoringTask(Task):
         """A colouring of ``puzzle``'s vertices."""
         return parse_coloring(text, puzzle.n if puzzle is not None else self.n, self.colors)
 
-    def format(self, answer: tuple[int, ...] | Graph) -> str:
-        """Colours as digits, or a graph as its edge list."""
+    def format(self, answer: tuple[int, ...] | Graph, pretty: bool = False) -> str:
+        """Colours as digits, or a graph as its edge list (one line either way)."""
         if isinstance(answer, Graph):
             return ",".join(f"{u}-{v}" for u, v in answer.edges)
         return "".join(str(c) for c in answer)

@@ -125,10 +125,10 @@ def parse_board(text: str, n: int | None = None) -> np.ndarray:
     return np.array([ch in _QUEEN_CHARS for ch in cells], dtype=bool).reshape(size, size)
 
 
-def format_board(board: np.ndarray, lines: bool = False) -> str:
-    """``n*n`` characters 'Q'/'.' on one line, or ``n`` lines when ``lines``."""
+def format_board(board: np.ndarray, pretty: bool = False) -> str:
+    """``n*n`` characters 'Q'/'.' on one line, or ``n`` lines when ``pretty``."""
     rows = ["".join("Q" if q else "." for q in row) for row in np.asarray(board)]
-    return "\n".join(rows) if lines else "".join(rows)
+    return "\n".join(rows) if pretty else "".join(rows)
 
 
 def _int_list(name: str, value: Any) -> list[int]:
@@ -251,9 +251,9 @@ class NQueensTask(Task):
         """An answer board (attacks allowed: they make it invalid, not unreadable)."""
         return parse_board(text, self.n)
 
-    def format(self, answer: np.ndarray, lines: bool = False) -> str:
-        """The text form of a board."""
-        return format_board(answer, lines)
+    def format(self, answer: np.ndarray, pretty: bool = False) -> str:
+        """The text form of a board: one line, or one line per row when ``pretty``."""
+        return format_board(answer, pretty)
 
     drawable = True
 
