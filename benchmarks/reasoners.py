@@ -66,6 +66,7 @@ def puzzle_split(task: Task, size: int, seed: int = 0) -> dict[str, np.ndarray]:
     return {
         "inputs": np.stack([task.encode(p) for p, _ in pairs]),
         "labels": np.stack([task.encode(s) for _, s in pairs]),
+        "puzzle_ids": np.zeros(len(pairs), dtype=np.int64),  # N-Queens has no per-puzzle embeddings
     }
 
 

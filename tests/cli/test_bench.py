@@ -1,0 +1,54 @@
+"""``latentloop bench``: the checkout's benchmark scripts, listed and run by name with their own arguments."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from latentloop.cli import main
+
+
+def test_list_names_every_script_with_what_it_measures(capsys):
+    assert main(["bench", "--list"]) == 0
+    rows = dict(line.split(maxsplit=1) for line in capsys.readouterr().out.strip().splitlines())
+    assert {"reasoners", "sampling", "generation", "train_throughput"} <= set(rows)
+    assert rows["reasoners"].startswith("Reasoner benchmarks on N-Queens")
+
+
+def test_an_unknown_benchmark_is_one_line_and_exit_2(capsys):
+    assert main(["bench", "nope"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unknown benchmark 'nope'" in err[0] and "reasoners" in err[0]
+
+
+def test_the_arguments_after_the_name_and_the_exit_status_are_the_scripts(tmp_path, monkeypatch, capsys):
+    (tmp_path / "echo_args.py").write_text(
+        '"""Echoes its arguments."""\nimport sys\nprint(sys.argv[1:])\nsys.exit(3 if "--fail" in sys.argv else 0)\n'
+    )
+    monkeypatch.setenv("LATENTLOOP_BENCHMARKS", str(tmp_path))
+    assert main(["bench", "echo_args", "--repeats", "2", "--help"]) == 0
+    assert capsys.readouterr().out.strip() == "['--repeats', '2', '--help']"
+    assert main(["bench", "echo_args", "--fail"]) == 3
+    assert main(["bench", "--list"]) == 0 and "Echoes its arguments." in capsys.readouterr().out
+
+
+def test_a_real_benchmark_runs_and_writes_its_json(tmp_path, capsys):
+    out = tmp_path / "reasoners.json"
+    threads = torch.get_num_threads()  # the script sets torch's thread count for the whole process
+    argv = [
+        "--models",
+        "direct",
+        "--skip",
+        "sampling",
+        "--repeats",
+        "1",
+        "--warmup",
+        "0",
+        "--batch-size",
+        "2",
+    ]
+    assert main(["bench", "reasoners", *argv, "--threads", str(threads), "--output", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report == json.loads(capsys.readouterr().out)
+    assert report["train"]["models"]["direct"]["examples_per_s"] > 0
