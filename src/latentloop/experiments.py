@@ -254,7 +254,12 @@ def _sample_model(spec: ModelSpec, folder: Path, settings: EvalSpec, log: Callab
 
 
 def _evaluate_model(
-    spec: ModelSpec, folder: Path, arch: str, settings: EvalSpec, log: Callable[[str], None]
+    spec: ModelSpec,
+    folder: Path,
+    arch: str,
+    settings: EvalSpec,
+    log: Callable[[str], None],
+    progress: bool = True,
 ) -> dict:
     from latentloop.eval.reasoners import evaluate_reasoner
     from latentloop.models.reasoners import REASONERS
@@ -280,6 +285,8 @@ def _evaluate_model(
         select=settings.select,
         limit=settings.limit,
         seed=settings.seed,
+        progress=None if progress else False,
+        label=f"{spec.name}: evaluating",
     )
     report["limit"], report["requested_steps"] = settings.limit, steps
     _write_json(folder / "eval.json", report)
@@ -328,7 +335,7 @@ def run_experiment(
         elif experiment.kind == "generation":
             report = _sample_model(spec, folder, experiment.eval, log)
         else:
-            report = _evaluate_model(spec, folder, train["arch"], experiment.eval, log)
+            report = _evaluate_model(spec, folder, train["arch"], experiment.eval, log, progress)
         rows[spec.name] = {"train": train, "eval": report}
     results = {
         "experiment": experiment.name,

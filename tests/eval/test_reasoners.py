@@ -1,10 +1,14 @@
-"""Evaluation reports: the example answers kept (and drawn) for each model."""
+"""Evaluation reports: the example answers kept (and drawn) for each model, seeding, progress."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
+import torch
 
-from latentloop.eval.reasoners import example_answers
+from latentloop.eval.reasoners import evaluate_reasoner, example_answers
+from latentloop.train.deep_supervision import build_reasoner_config, train_reasoner
+from tests.tiny import TINY_REASONER, tiny_run
 
 
 def test_example_answers_put_solved_puzzles_first_then_the_most_solutions_found():
@@ -29,37 +33,33 @@ def test_example_answers_of_single_solution_tasks_have_no_solution_count():
     assert len(examples) == 1 and "solutions" not in examples[0]
 
 
-def test_evaluation_is_reproducible_from_its_seed_and_keeps_the_callers_rng(tmp_path):
-    import torch
-
-    from latentloop.eval.reasoners import evaluate_reasoner
-    from latentloop.train.deep_supervision import build_reasoner_config, train_reasoner
-
-    config = build_reasoner_config(
-        {
-            "arch": "gram",
-            "task": {"name": "nqueens", "n": 5},
-            "model": {
-                "dim": 16,
-                "n_heads": 2,
-                "n_layers": 1,
-                "hidden": 32,
-                "n_sup": 2,
-                "cycles": 1,
-                "inner": 1,
-            },
-            "train": {"steps": 2, "batch_size": 8, "eval_size": 0, "checkpoint_every": 0, "device": "cpu"},
-        },
-        [],
+@pytest.fixture(scope="module")
+def gram_run(tmp_path_factory):
+    """A GRAM run trained for two batches on N-Queens 5x5."""
+    run = tmp_path_factory.mktemp("gram") / "run"
+    data = tiny_run(
+        TINY_REASONER, arch="gram", model={"cycles": 1, "inner": 1}, train={"steps": 2, "eval_size": 0}
     )
-    train_reasoner(config, tmp_path / "run")
+    train_reasoner(build_reasoner_config(data), run)
+    return run
+
+
+def test_evaluation_is_reproducible_from_its_seed_and_keeps_the_callers_rng(gram_run):
     torch.manual_seed(123)
     expected_next = torch.rand(1)
     torch.manual_seed(123)
-    reports = [
-        evaluate_reasoner(tmp_path / "run", samples=3, steps=2, seed=s, write=False) for s in (7, 7, 8)
-    ]
+    reports = [evaluate_reasoner(gram_run, samples=3, steps=2, seed=s, write=False) for s in (7, 7, 8)]
     assert torch.equal(torch.rand(1), expected_next)  # evaluation drew from its own generator state
     answers = [[e["answer"] for e in r["examples"]] for r in reports]
     assert reports[0]["curve_samples"] == reports[1]["curve_samples"] and answers[0] == answers[1]
     assert reports[0]["seed"] == 7 and reports[2]["seed"] == 8
+
+
+def test_the_progress_bar_counts_every_puzzle_on_stderr_only_when_asked(gram_run, capsys):
+    report = evaluate_reasoner(
+        gram_run, samples=2, steps=1, write=False, progress=True, label="gram: evaluating"
+    )
+    err = capsys.readouterr().err
+    assert "gram: evaluating" in err and f"0/{report['puzzles']}" in err  # the bar's total: every puzzle
+    evaluate_reasoner(gram_run, samples=2, steps=1, write=False, progress=False)
+    assert capsys.readouterr().err == ""

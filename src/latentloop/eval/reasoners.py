@@ -9,12 +9,14 @@ Reports go to ``eval.json``, ``eval.md`` and ``eval_curves.png`` in the run fold
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Hashable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from latentloop.errors import UsageError
 from latentloop.infer.scaling import SELECTIONS, select_sample, solve
@@ -88,21 +90,27 @@ def evaluate_model(
     batch_size: int = 256,
     halt: bool = False,
     temperature: float = 1.0,
+    progress: bool | None = None,
+    label: str = "evaluating",
 ) -> dict[str, Any]:
     """Accuracy (and coverage, conflicts) of ``model`` on puzzle ``inputs`` ``[N, L]`` with curves over steps
     ``1..steps`` (all samples, ``select``) and over samples ``1..samples`` (last step, every selection).
-    ``steps`` defaults to the model's own (see :func:`solve`); ``temperature`` is the AR/MDLM samplers'."""
+    ``steps`` defaults to the model's own (see :func:`solve`); ``temperature`` is the AR/MDLM samplers'.
+    ``progress`` shows a bar named ``label`` on stderr (default: when stderr is a terminal)."""
     if select not in SELECTIONS:
         raise UsageError(f"--select must be one of {', '.join(SELECTIONS)}, got {select!r}")
     per_sample = max(1, batch_size // samples)
     preds, vals = [], []
-    for start in range(0, len(inputs), per_sample):
-        x = torch.from_numpy(inputs[start : start + per_sample])
-        result = solve(
-            model, x, steps=steps, samples=samples, select="first", halt=halt, temperature=temperature
-        )
-        preds.append(result.predictions.numpy().astype(np.uint8))
-        vals.append(result.values.numpy())
+    show = sys.stderr.isatty() if progress is None else progress
+    with tqdm(total=len(inputs), desc=label, unit="puzzle", disable=not show, leave=False) as bar:
+        for start in range(0, len(inputs), per_sample):
+            x = torch.from_numpy(inputs[start : start + per_sample])
+            result = solve(
+                model, x, steps=steps, samples=samples, select="first", halt=halt, temperature=temperature
+            )
+            preds.append(result.predictions.numpy().astype(np.uint8))
+            vals.append(result.values.numpy())
+            bar.update(len(x))
     predictions, values = np.concatenate(preds, axis=2), np.concatenate(vals, axis=2)
     steps = predictions.shape[0]
     violations, key_ids, puzzles = _judge(task, inputs, predictions)
@@ -257,11 +265,14 @@ def evaluate_reasoner(
     write: bool = True,
     temperature: float = 1.0,
     seed: int = 0,
+    progress: bool | None = None,
+    label: str = "evaluating",
     **_: Any,
 ) -> dict[str, Any]:
     """Evaluate a run's newest checkpoint on its test split; writes the reports into the run folder.
     ``temperature`` is the sampling temperature of the AR and MDLM baselines (0: greedy); ``seed`` seeds the
-    models' sampling noise, so the same call gives the same report (the caller's RNG state is kept)."""
+    models' sampling noise, so the same call gives the same report (the caller's RNG state is kept).
+    ``progress`` and ``label``: the progress bar of :func:`evaluate_model`."""
     if samples < 1 or (steps is not None and steps < 1):
         raise UsageError("--samples and --steps must be at least 1")
     with torch.random.fork_rng(devices=[]):  # building the model draws (discarded) initial weights too
@@ -278,7 +289,16 @@ def evaluate_reasoner(
         else:
             inputs = unique_puzzles(dataset.split("test"), limit)
             report = evaluate_model(
-                model, the_task, inputs, samples, steps, select, batch_size, temperature=temperature
+                model,
+                the_task,
+                inputs,
+                samples,
+                steps,
+                select,
+                batch_size,
+                temperature=temperature,
+                progress=progress,
+                label=label,
             )
     report = {"run": str(run), "checkpoint": str(checkpoint), "model": model.arch, "seed": seed, **report}
     if write:
