@@ -52,3 +52,22 @@ def test_a_real_benchmark_runs_and_writes_its_json(tmp_path, capsys):
     report = json.loads(out.read_text())
     assert report == json.loads(capsys.readouterr().out)
     assert report["train"]["models"]["direct"]["examples_per_s"] > 0
+
+
+def test_gram_guidance_reports_every_hand_over_step_and_refuses_a_deterministic_run(tmp_path, capsys):
+    from latentloop.train.deep_supervision import build_reasoner_config, train_reasoner
+    from tests.tiny import TINY_REASONER, tiny_run
+
+    for arch in ("gram", "trm"):
+        data = tiny_run(TINY_REASONER, arch=arch, train={"steps": 1, "eval_size": 0})
+        train_reasoner(build_reasoner_config(data), tmp_path / arch)
+    capsys.readouterr()
+    assert main(["bench", "gram_guidance", str(tmp_path / "gram"), "--limit", "4"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    steps = TINY_REASONER["model"]["n_sup"]
+    assert report["puzzles"] == 4 and report["steps"] == steps
+    assert list(report["valid_by_posterior_steps"]) == [str(k) for k in range(steps + 1)]
+    assert all(0.0 <= v <= 1.0 for v in report["valid_by_posterior_steps"].values())
+    assert len(report["posterior"]["kl_per_step"]) == steps and min(report["posterior"]["kl_per_step"]) >= 0
+    assert main(["bench", "gram_guidance", str(tmp_path / "trm")]) == 2
+    assert "a GRAM run is needed" in capsys.readouterr().err
