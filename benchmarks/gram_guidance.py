@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from latentloop.errors import UsageError
-from latentloop.eval.reasoners import decode_answer, load_run, run_dataset
+from latentloop.eval.reasoners import decode_answer, load_run, run_dataset, unique_rows
 from latentloop.io import emit_json_report
 
 
@@ -61,14 +61,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         model, task, checkpoint, folder = load_run(args.run)
-        if not model.stochastic or model.arch != "gram":
+        if model.arch != "gram":
             raise UsageError(f"{args.run}: a GRAM run is needed (this one is {model.arch})")
         split = run_dataset(args.run, folder).split("test")
     except UsageError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    _, first = np.unique(np.asarray(split["puzzle_ids"]), return_index=True)
-    rows = np.sort(first)[: args.limit]
+    rows = unique_rows(split, args.limit)
     inputs = torch.from_numpy(np.asarray(split["inputs"])[rows].astype(np.int64))
     targets = torch.from_numpy(np.asarray(split["labels"])[rows].astype(np.int64))
     steps = args.steps or model.config.n_sup

@@ -42,11 +42,15 @@ def answer_key(task: Task, answer: Any) -> Hashable:
     return np.asarray(answer).tobytes()
 
 
-def unique_puzzles(split: dict[str, np.ndarray], limit: int | None = None) -> np.ndarray:
-    """The distinct inputs of a split (first row of each puzzle id, in order), at most ``limit``."""
+def unique_rows(split: dict[str, np.ndarray], limit: int | None = None) -> np.ndarray:
+    """The rows of a split's distinct inputs (the first row of each puzzle id, in order), at most ``limit``."""
     _, first = np.unique(np.asarray(split["puzzle_ids"]), return_index=True)
-    rows = np.sort(first)[:limit]
-    return np.asarray(split["inputs"])[rows].astype(np.int64)
+    return np.sort(first)[:limit]
+
+
+def unique_puzzles(split: dict[str, np.ndarray], limit: int | None = None) -> np.ndarray:
+    """The distinct inputs of a split (see :func:`unique_rows`)."""
+    return np.asarray(split["inputs"])[unique_rows(split, limit)].astype(np.int64)
 
 
 def _judge(task: Task, inputs: np.ndarray, predictions: np.ndarray) -> tuple[np.ndarray, np.ndarray, list]:
