@@ -10,13 +10,18 @@ both figures depend on the sizes and the work per step, not on the weights.
   step and the EMA update. The models take turns inside each repeat (``A B C .. A B C ..``), after ``--warmup``
   untimed batches each, so a slow moment on the shared machine hits all of them; each figure is the median over
   repeats. Parameter counts are reported, with the largest/smallest ratio (the configs keep it within 20%).
+- **compile**: for the ``--compile-models``, the same training batch with eager kernels against
+  ``train.compile`` (every block compiled, :func:`latentloop.nn.compile_blocks`), timed alternately after a
+  warm-up batch that pays the compilation (reported as ``first_batch_s``). Reports both medians and the median
+  of the per-repeat ratios eager / compiled.
 - **sampling**: for GRAM and TRM, ``solve(model, x, samples=K)`` (the K samples of every puzzle as one batch)
   against K sequential ``solve(model, x, samples=1)`` calls on the same puzzles, timed alternately
   (``batched, sequential, batched, ..``). Reports both medians and the median of the per-repeat ratios
   sequential / batched.
 
 Usage: ``python benchmarks/reasoners.py [--repeats 5] [--warmup 1] [--batch-size 16] [--puzzles 1]
-[--samples 20] [--models direct,gram] [--threads 1] [--output benchmarks/results/reasoners.json]``.
+[--samples 20] [--models direct,gram] [--compile-models gram,trm] [--skip train,compile,sampling] [--threads 1]
+[--output benchmarks/results/reasoners.json]``.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from latentloop.config import load_yaml
 from latentloop.infer.scaling import solve
 from latentloop.io import emit_json_report
 from latentloop.models.reasoners import REASONERS, Reasoner, build_reasoner, num_parameters
+from latentloop.nn import compile_blocks
 from latentloop.tasks.base import Task, get_task
 from latentloop.train.deep_supervision import (
     ReasonerRunConfig,
@@ -74,12 +80,19 @@ class BatchTrainer:
     """One model with its optimizer and EMA copy; :meth:`batch` runs one training batch as ``train_reasoner``."""
 
     def __init__(
-        self, config: ReasonerRunConfig, task: Task, split: dict[str, np.ndarray], seed: int
+        self,
+        config: ReasonerRunConfig,
+        task: Task,
+        split: dict[str, np.ndarray],
+        seed: int,
+        compiled: bool = False,
     ) -> None:
         torch.manual_seed(seed)
         self.config, self.task, self.split, self.seed = config, task, split, seed
         self.model = build_reasoner(config.arch, fit_to_task(config.model, task)).train()
         self.ema = copy.deepcopy(self.model).requires_grad_(False)
+        if compiled:  # as train.compile does: after the EMA copy, which stays eager
+            compile_blocks(self.model)
         tc = config.train
         self.optimizer = build_optimizer(self.model, tc.lr, tc.betas, tc.weight_decay, tc.eps)
         self.params, self.ema_params = list(self.model.parameters()), list(self.ema.parameters())
@@ -149,6 +162,37 @@ def bench_training(
     }
 
 
+def bench_compile(archs: list[str], task: Task, batch_size: int, repeats: int, seed: int) -> dict[str, Any]:
+    split = puzzle_split(task, 512, seed)
+    results = {}
+    for arch in archs:
+        config, source = run_config(arch)
+        runs = {mode: BatchTrainer(config, task, split, seed, compiled=mode == "compiled") for mode in MODES}
+        first = {}
+        for mode, trainer in runs.items():
+            start = time.perf_counter()
+            trainer.batch(batch_size)
+            first[mode] = time.perf_counter() - start
+        times: dict[str, list[float]] = {mode: [] for mode in MODES}
+        for _ in range(repeats):
+            for mode, trainer in runs.items():  # alternately: machine noise hits both
+                start = time.perf_counter()
+                trainer.batch(batch_size)
+                times[mode].append(time.perf_counter() - start)
+        ratios = [e / c for e, c in zip(times["eager"], times["compiled"], strict=True)]
+        results[arch] = {
+            "config": source,
+            "first_batch_s": {mode: round(t, 2) for mode, t in first.items()},
+            "eager_batch_s": round(statistics.median(times["eager"]), 4),
+            "compiled_batch_s": round(statistics.median(times["compiled"]), 4),
+            "speedup_compiled": round(statistics.median(ratios), 3),
+        }
+    return {"batch_size": batch_size, "repeats": repeats, "models": results}
+
+
+MODES = ("eager", "compiled")
+
+
 def bench_sampling(
     arch: str, task: Task, puzzles: int, samples: int, repeats: int, seed: int
 ) -> dict[str, Any]:
@@ -196,7 +240,8 @@ def main() -> None:
     parser.add_argument("--puzzles", type=int, default=1, help="puzzles per solve call")
     parser.add_argument("--samples", type=int, default=20, help="K: samples per puzzle")
     parser.add_argument("--sampling-models", default="gram,trm")
-    parser.add_argument("--skip", default="", help="train and/or sampling")
+    parser.add_argument("--compile-models", default="gram,trm")
+    parser.add_argument("--skip", default="", help="any of train, compile, sampling (comma-separated)")
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", default=None)
@@ -214,6 +259,9 @@ def main() -> None:
     if "train" not in skip:
         archs = [a for a in args.models.split(",") if a]
         report["train"] = bench_training(archs, task, args.batch_size, args.warmup, args.repeats, args.seed)
+    if "compile" not in skip:
+        archs = [a for a in args.compile_models.split(",") if a]
+        report["compile"] = bench_compile(archs, task, args.batch_size, args.repeats, args.seed)
     if "sampling" not in skip:
         report["sampling"] = {
             arch: bench_sampling(arch, task, args.puzzles, args.samples, args.repeats, args.seed)

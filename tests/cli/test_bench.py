@@ -39,6 +39,8 @@ def test_a_real_benchmark_runs_and_writes_its_json(tmp_path, capsys):
     argv = [
         "--models",
         "direct",
+        "--compile-models",
+        "direct",
         "--skip",
         "sampling",
         "--repeats",
@@ -52,6 +54,7 @@ def test_a_real_benchmark_runs_and_writes_its_json(tmp_path, capsys):
     report = json.loads(out.read_text())
     assert report == json.loads(capsys.readouterr().out)
     assert report["train"]["models"]["direct"]["examples_per_s"] > 0
+    assert report["compile"]["models"]["direct"]["speedup_compiled"] > 0
 
 
 def test_gram_guidance_reports_every_hand_over_step_and_refuses_a_deterministic_run(tmp_path, capsys):

@@ -7,8 +7,11 @@ import math
 
 import pytest
 import torch
+from torch._dynamo.utils import counters
 
 from latentloop.errors import UsageError
+from latentloop.models.reasoners import build_reasoner
+from latentloop.nn import Block
 from latentloop.train.deep_supervision import (
     build_reasoner_config,
     model_noise_seed,
@@ -34,6 +37,24 @@ def test_resumed_training_continues_exactly(tmp_path):
     assert second.resumed_from == 2
     assert len(whole.losses) == 4 * 2  # one loss per supervision step (n_sup = 2 per batch)
     assert first.losses + second.losses == whole.losses
+
+
+def test_compiled_training_follows_the_eager_run(tmp_path):
+    """``train.compile`` changes kernels, not the run: same noise draws, losses equal up to float rounding,
+    a checkpoint an eager model loads."""
+    eager = train_reasoner(config(steps=2, eval_size=0), tmp_path / "eager")
+    counters.clear()
+    run = config(steps=2, eval_size=0, compile=True)
+    compiled = train_reasoner(run, tmp_path / "compiled")
+    blocks = sum(
+        isinstance(m, Block) for m in build_reasoner("gram", run.model).modules()
+    )  # fitted to the task
+    assert 0 < counters["stats"]["unique_graphs"] <= blocks  # compiled, at most once per block
+    assert compiled.step == 2
+    assert compiled.losses == pytest.approx(eager.losses, rel=1e-3)
+    assert sorted(p.name for p in compiled.checkpoint.iterdir()) == sorted(
+        p.name for p in eager.checkpoint.iterdir()
+    )
 
 
 def test_model_noise_is_a_pure_function_of_seed_step_and_rank():

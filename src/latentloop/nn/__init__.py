@@ -1,7 +1,7 @@
 """Shared building blocks: every model in latentloop is composed from these."""
 
 from latentloop.nn.attention import Attention, KVHook
-from latentloop.nn.blocks import BLOCKS, PostNormBlock, PreNormBlock, SandwichBlock
+from latentloop.nn.blocks import BLOCKS, Block, PostNormBlock, PreNormBlock, SandwichBlock, compile_blocks
 from latentloop.nn.mlp import GatedMLP
 from latentloop.nn.norm import RMSNorm
 from latentloop.nn.rope import RotaryEmbedding, apply_rope, rope_frequencies
@@ -9,6 +9,7 @@ from latentloop.nn.rope import RotaryEmbedding, apply_rope, rope_frequencies
 __all__ = [
     "BLOCKS",
     "Attention",
+    "Block",
     "GatedMLP",
     "KVHook",
     "PostNormBlock",
@@ -17,5 +18,6 @@ __all__ = [
     "RotaryEmbedding",
     "SandwichBlock",
     "apply_rope",
+    "compile_blocks",
     "rope_frequencies",
 ]

@@ -59,6 +59,7 @@ from latentloop.train.trainer import (
     _ProgressBar,
     _seed_everything,
     build_run_config,
+    compile_for_training,
     measure_matmul_speed,
     resolve_device,
     resumed_precision,
@@ -430,7 +431,7 @@ def train_reasoner(
         )
     _seed_everything(tc.seed)
     model = build_reasoner(arch, config.model).to(device)
-    ema = copy.deepcopy(model).requires_grad_(False)
+    ema = copy.deepcopy(model).requires_grad_(False)  # evaluated with eager kernels: not compiled
     optimizer = build_optimizer(model, tc.lr, tc.betas, tc.weight_decay, tc.eps)
     found = dist.broadcast_object(str(latest_checkpoint(out) or ""), ctx)  # rank 0 picks it for all
     checkpoint = Path(found) if found else None
@@ -449,6 +450,8 @@ def train_reasoner(
     if ctx.is_main:
         save_run_config(config, out / "config.yaml")
     model.train()
+    if tc.compile:
+        compile_for_training(model, device)
     # Ranks start equal and stay equal: the same averaged gradients give the same updates.
     dist.broadcast_module(model, ctx)
     dist.broadcast_module(ema, ctx)

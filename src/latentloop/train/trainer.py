@@ -44,6 +44,7 @@ import yaml
 from latentloop.config import apply_overrides, from_dict, load_yaml, save_yaml, to_dict
 from latentloop.errors import UsageError
 from latentloop.models.recurrent_depth import RecurrentDepthConfig, RecurrentDepthLM
+from latentloop.nn import compile_blocks
 from latentloop.runtime import settle_vector_math
 from latentloop.tasks.base import get_task, task_class
 from latentloop.train import distributed as dist
@@ -82,6 +83,8 @@ class TrainConfig:
     budget_minutes: float | None = None
     seed: int = 0
     precision: str = "auto"
+    # Compile every transformer block with torch.compile (fuses the elementwise work; costs a compile first).
+    compile: bool = False
     device: str = "auto"
     init_scale: float = 1.0
     log_every: int = 10
@@ -301,6 +304,23 @@ def resolve_device(requested: str) -> str:
     return requested
 
 
+def compile_for_training(model: torch.nn.Module, device: str) -> None:
+    """``train.compile``: compile the model's blocks in place (:func:`latentloop.nn.compile_blocks`). On a
+    CPU the compiler builds C++ kernels, so a missing C++ compiler is reported here, before training starts,
+    rather than as a traceback at the first step."""
+    if not device.startswith("cuda"):
+        try:
+            from torch._inductor.cpp_builder import get_cpp_compiler
+
+            get_cpp_compiler()
+        except Exception as error:
+            raise UsageError(
+                "train.compile on a CPU needs a C++ compiler (g++ or clang++, or one named by $CXX); none was "
+                "found: install one or drop train.compile"
+            ) from error
+    compile_blocks(model)
+
+
 # Training ----------------------------------------------------------------------------------------------------
 @dataclass
 class TrainResult:
@@ -512,6 +532,8 @@ def _train(
     if not sharded:  # FSDP moves only each rank's shard to the device
         model = model.to(device)
     model.train()
+    if tc.compile:
+        compile_for_training(model, device)
     optimizer = build_optimizer(model, tc.lr, tc.betas, tc.weight_decay, tc.eps)
     tokens_per_step = tc.batch_size * task.seq_len
     start_step, tokens_seen, state = 0, 0, None

@@ -31,7 +31,7 @@ from torch import nn
 
 from latentloop.errors import UsageError
 from latentloop.models.reasoners.heads import HALTING, HaltHead, ValueHead
-from latentloop.nn import BLOCKS, GatedMLP, RMSNorm, RotaryEmbedding
+from latentloop.nn import BLOCKS, Block, GatedMLP, RMSNorm, RotaryEmbedding
 
 MIXERS = ("attention", "mlp")
 Carry = dict[str, torch.Tensor]
@@ -108,7 +108,7 @@ class ReasonerOutput:
     continue_logit: torch.Tensor | None = None  # [B]  q_continue (Q-learning halting: halt when q_halt > it)
 
 
-class SequenceMLPBlock(nn.Module):
+class SequenceMLPBlock(Block):
     """A post-norm block whose token mixer is a gated MLP *over the sequence* (TRM's Sudoku variant)."""
 
     def __init__(self, seq_len: int, dim: int, hidden: int, eps: float) -> None:
