@@ -9,7 +9,6 @@ from a zero initial state. Prints one JSON object.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -17,7 +16,7 @@ import time
 
 import torch
 
-from latentloop.errors import UsageError
+from latentloop.errors import ArgumentParser, UsageError
 from latentloop.models.generation import EXIT_CRITERIA, generate
 from latentloop.models.recurrent_depth import RecurrentDepthLM
 from latentloop.tasks.base import get_task
@@ -48,7 +47,7 @@ def decode_all(model, task, problems, depth: int, exit_spec: str | None) -> dict
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run", help="run folder or checkpoint of an arithmetic recurrent-depth model")
     parser.add_argument("--depth", type=int, default=32, help="maximum (and fixed) core iterations per token")
     parser.add_argument("--problems", type=int, default=200, help="held-out problems to decode")

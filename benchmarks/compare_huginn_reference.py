@@ -56,6 +56,7 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
+from latentloop.errors import ArgumentParser
 from latentloop.io import emit_json_report
 from latentloop.models.generation import generate
 from latentloop.models.kv_cache import RecurrentKVCache
@@ -85,7 +86,7 @@ def int_list(text: str) -> list[int]:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Parse and check the command line; ``--quick`` shrinks the defaults not given explicitly."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--reference",
         type=Path,

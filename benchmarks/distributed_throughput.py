@@ -14,7 +14,6 @@ this shows correctness and overhead, not speed-up.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -26,6 +25,7 @@ from pathlib import Path
 
 import yaml
 
+from latentloop.errors import ArgumentParser
 from latentloop.io import emit_json_report
 
 CONFIG = {
@@ -83,7 +83,7 @@ def launch(folder: Path, processes: int, steps: int, threads: int) -> dict[int, 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)

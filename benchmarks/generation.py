@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from latentloop.errors import UsageError
+from latentloop.errors import ArgumentParser, UsageError
 from latentloop.io import emit_json_report
 from latentloop.models.generation import GenerationOutput, generate
 from latentloop.models.kv_cache import RecurrentKVCache
@@ -59,7 +59,7 @@ def int_list(text: str) -> list[int]:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Parse the command line; ``--quick`` fills in small defaults for anything not given."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", type=Path, help="checkpoint folder (config.json + model.safetensors)")
     parser.add_argument("--prompt", help="prompt text (with --model); default: random token ids")
     parser.add_argument("--quick", action="store_true", help="small, fast run")

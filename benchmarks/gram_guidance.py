@@ -13,13 +13,12 @@ JSON object.
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 import numpy as np
 import torch
 
-from latentloop.errors import UsageError
+from latentloop.errors import ArgumentParser, UsageError
 from latentloop.eval.reasoners import decode_answer, load_run, run_dataset, unique_rows
 from latentloop.io import emit_json_report
 
@@ -50,7 +49,7 @@ def posterior_trajectory(model, inputs: torch.Tensor, targets: torch.Tensor, ste
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run", help="a GRAM run folder or checkpoint")
     parser.add_argument("--limit", type=int, default=200, help="distinct test inputs")
     parser.add_argument(

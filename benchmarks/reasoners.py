@@ -26,7 +26,6 @@ Usage: ``python benchmarks/reasoners.py [--repeats 5] [--warmup 1] [--batch-size
 
 from __future__ import annotations
 
-import argparse
 import copy
 import platform
 import statistics
@@ -39,6 +38,7 @@ import numpy as np
 import torch
 
 from latentloop.config import load_yaml
+from latentloop.errors import ArgumentParser
 from latentloop.infer.scaling import solve
 from latentloop.io import emit_json_report
 from latentloop.models.reasoners import REASONERS, Reasoner, build_reasoner, num_parameters
@@ -232,7 +232,7 @@ def bench_sampling(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(REASONERS), help="comma-separated (default: all)")
     parser.add_argument("--batch-size", type=int, default=16, help="training batch (the configs use 64)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed training batches per model")

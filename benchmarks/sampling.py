@@ -19,7 +19,6 @@ Usage: ``python benchmarks/sampling.py [--samples 64] [--repeats 5] [--warmup 1]
 
 from __future__ import annotations
 
-import argparse
 import platform
 import statistics
 import time
@@ -30,6 +29,7 @@ import numpy as np
 import torch
 
 from latentloop.config import load_yaml
+from latentloop.errors import ArgumentParser
 from latentloop.infer.scaling import solve
 from latentloop.io import emit_json_report
 from latentloop.models.reasoners import Reasoner, build_reasoner, num_parameters
@@ -124,7 +124,7 @@ def bench(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=None, help="K: samples per batch (default 64)")
     parser.add_argument("--repeats", type=int, default=None, help="timed rounds (default 5)")
     parser.add_argument("--warmup", type=int, default=None, help="untimed rounds (default 1)")

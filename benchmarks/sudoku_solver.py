@@ -9,7 +9,6 @@ solution and prove it unique (count solutions up to 2). Run::
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import sys
@@ -17,6 +16,7 @@ import time
 
 import numpy as np
 
+from latentloop.errors import ArgumentParser
 from latentloop.tasks import sudoku as S
 
 
@@ -85,7 +85,7 @@ def _generate(tier: str, count: int, rng: np.random.Generator) -> tuple[list, fl
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--count", type=int, default=1000, help="extreme-tier puzzles for the exact solver")
     parser.add_argument(
         "--baseline-count", type=int, default=50, help="of those, how many the plain solver runs"

@@ -16,7 +16,6 @@ Usage: ``python benchmarks/train_throughput.py [--config configs/lm-arithmetic.y
 
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import time
@@ -25,6 +24,7 @@ from pathlib import Path
 import torch
 
 from latentloop.config import load_yaml
+from latentloop.errors import ArgumentParser
 from latentloop.models.recurrent_depth import RecurrentDepthConfig, RecurrentDepthLM
 from latentloop.train.optim import build_optimizer
 
@@ -60,7 +60,7 @@ def flops_per_token(config: RecurrentDepthConfig, seq_len: int, no_grad: int, wi
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default=str(ROOT / "configs" / "lm-arithmetic.yaml"))
     parser.add_argument("--batch-size", type=int, default=None, help="default: the config's train.batch_size")
     parser.add_argument("--seq-len", type=int, default=12, help="12 = a 3-digit addition example")

@@ -57,6 +57,12 @@ def test_a_real_benchmark_runs_and_writes_its_json(tmp_path, capsys):
     assert report["compile"]["models"]["direct"]["speedup_compiled"] > 0
 
 
+def test_a_benchmark_refuses_a_bad_argument_in_one_line(capsys):
+    assert main(["bench", "reasoners", "--repeats", "many"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: argument --repeats: invalid int value: 'many' (see --help)"]
+
+
 def test_gram_guidance_reports_every_hand_over_step_and_refuses_a_deterministic_run(tmp_path, capsys):
     from latentloop.train.deep_supervision import build_reasoner_config, train_reasoner
     from tests.tiny import TINY_REASONER, tiny_run
