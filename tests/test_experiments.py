@@ -115,12 +115,36 @@ def test_shipped_experiments_load():
         (["run", "default", "--budget-minutes", "abc"], "positive number"),
         (["run", "default", "--budget-minutes", "0"], "positive number"),
         (["run", "default", "--budget-minutes", "nan"], "positive number"),
+        (["run", "seed=1"], "KEY=VALUE"),
+        (["run", "default", "train.bogus=1"], "unknown config key 'train.bogus'"),
+        (["run", "default", "model.dim=abc"], "model.dim"),
+        (["run", "default", "eval.samples=0"], "eval.samples must be at least 1"),
+        (["run", "default", "eval.sample=3"], "unknown config key 'sample'"),
     ],
 )
-def test_run_rejects_bad_input_with_one_line(args, message, capsys):
+def test_run_rejects_bad_input_with_one_line(args, message, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     assert main(args) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error:") and message in err and "\n" not in err
+    assert not (tmp_path / "runs").exists()  # refused before any model trained
+
+
+def test_overrides_change_every_model_and_the_evaluation(tmp_path):
+    path = str(
+        write_experiment(tmp_path, models={"gram": {"config": "gram.yaml", "overrides": ["train.lr=1e-3"]}})
+    )
+    experiment = load_experiment(path, ["train.seed=3", "eval.samples=2"])
+    assert experiment.models[0].overrides == ["train.lr=1e-3", "train.seed=3"]  # the file's own come first
+    assert experiment.eval.samples == 2 and experiment.eval.steps == 2
+    results = run_experiment(experiment, tmp_path / "out", progress=False, log=lambda _: None)
+    assert results["overrides"] == ["train.seed=3", "eval.samples=2"]
+    assert results["models"]["gram"]["eval"]["samples"] == 2
+    saved = yaml.safe_load((tmp_path / "out" / "gram" / "config.yaml").read_text())
+    assert saved["train"]["seed"] == 3 and saved["train"]["lr"] == 1e-3
+    # The finished model was trained otherwise: rerunning without the override is refused, not mixed.
+    with pytest.raises(UsageError, match="trained with overrides"):
+        run_experiment(load_experiment(path), tmp_path / "out", progress=False, log=lambda _: None)
 
 
 def test_run_rejects_unwritable_output_folder(tmp_path, capsys):

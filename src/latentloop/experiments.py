@@ -20,7 +20,8 @@ classifier scores beside real held-out digits.
 trained again), evaluates it on the test split with depth (steps ``1..steps``) and width (samples
 ``1..samples``) curves, and writes ``results.json``, ``report.md``, ``curves.png`` and (tasks that draw
 their answers) ``boards.png`` in ``OUT``. Every number in the report comes from ``results.json``, which in
-turn holds each run's ``eval.json``.
+turn holds each run's ``eval.json``. ``key=value`` overrides given for one run (:func:`load_experiment`) reach
+every model's config or the evaluation, and are recorded in ``results.json``.
 """
 
 from __future__ import annotations
@@ -30,12 +31,12 @@ import json
 import math
 import os
 import platform
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from latentloop.config import load_yaml
+from latentloop.config import apply_overrides, load_yaml
 from latentloop.errors import UsageError
 from latentloop.io import atomic_path, atomic_write_text
 
@@ -79,6 +80,7 @@ class Experiment:
     paper_note: str = ""
     expected_minutes: float | None = None
     kind: str = "reasoners"  # "lm": recurrent-depth LMs against depth; "generation": unconditional samples
+    overrides: list[str] = field(default_factory=list)  # given for this run (see load_experiment)
 
 
 def available_experiments(folder: Path = EXPERIMENTS_DIR) -> list[str]:
@@ -96,8 +98,34 @@ def positive_number(value: Any, name: str) -> float:
     return number
 
 
-def load_experiment(name_or_path: str) -> Experiment:
-    """An experiment by shipped name (``nqueens8``) or YAML path, validated with one-line errors."""
+OVERRIDE_SECTIONS = ("model", "train", "task", "eval")
+
+
+def _split_overrides(overrides: Sequence[str]) -> tuple[list[str], list[str]]:
+    """``key=value`` overrides of an experiment, split into those of every model's run config (``model.``,
+    ``train.``, ``task.``) and those of the evaluation (``eval.``, prefix removed)."""
+    run, evaluation = [], []
+    for item in overrides:
+        key = item.split("=", 1)[0].strip()
+        if "=" not in item or key.split(".", 1)[0] not in OVERRIDE_SECTIONS or "." not in key:
+            raise UsageError(
+                f"override {item!r} is not KEY=VALUE with KEY in {', '.join(s + '.' for s in OVERRIDE_SECTIONS)}"
+            )
+        if key.startswith("eval."):
+            evaluation.append(item.split(".", 1)[1])
+        else:
+            run.append(item)
+    return run, evaluation
+
+
+def load_experiment(name_or_path: str, overrides: Sequence[str] = ()) -> Experiment:
+    """An experiment by shipped name (``nqueens8``) or YAML path, validated with one-line errors.
+
+    ``overrides`` (``key=value``) change it for this run: ``eval.*`` keys the evaluation (``eval.samples=5``),
+    ``model.*``, ``train.*`` and ``task.*`` keys every model's run config (``train.seed=1``,
+    ``train.compile=true``), after the experiment's own per-model overrides.
+    """
+    run_overrides, eval_overrides = _split_overrides(overrides)
     path = Path(name_or_path)
     if not path.suffix:
         path = EXPERIMENTS_DIR / f"{name_or_path}.yaml"
@@ -115,13 +143,16 @@ def load_experiment(name_or_path: str) -> Experiment:
         config = (path.parent / str(entry["config"])).resolve()
         if not config.is_file():
             raise UsageError(f"{path}: models.{model}.config {config} does not exist")
-        overrides = [str(o) for o in entry.get("overrides") or []]
-        specs.append(ModelSpec(str(model), config, overrides))
+        own = [str(o) for o in entry.get("overrides") or []]
+        specs.append(ModelSpec(str(model), config, [*own, *run_overrides]))
     raw_eval = data.get("eval") or {}
     unknown = set(raw_eval) - {"samples", "steps", "limit", "select", "seed", "depths"}
     if unknown:
         raise UsageError(f"{path}: unknown eval keys {', '.join(sorted(unknown))}")
-    evaluation = EvalSpec(**raw_eval)
+    try:
+        evaluation = apply_overrides(EvalSpec(**raw_eval), eval_overrides)
+    except UsageError as error:
+        raise UsageError(f"eval override: {error}") from None
     for key in ("samples", "steps"):
         if int(getattr(evaluation, key)) < 1:
             raise UsageError(f"{path}: eval.{key} must be at least 1")
@@ -143,6 +174,7 @@ def load_experiment(name_or_path: str) -> Experiment:
         paper_note=str(data.get("paper_note", "")).strip(),
         expected_minutes=float(expected) if expected is not None else None,
         kind=kind,
+        overrides=list(overrides),
     )
 
 
@@ -168,6 +200,17 @@ def _check_writable(out: Path) -> None:
         raise UsageError(f"cannot write to output folder {out}: {error.strerror or error}") from None
 
 
+def _check_run_configs(experiment: Experiment) -> None:
+    """Build every model's run config with its overrides, so that a bad key or value stops the experiment
+    before any model trains."""
+    from latentloop.train.deep_supervision import build_reasoner_config
+    from latentloop.train.trainer import build_run_config
+
+    build = build_run_config if experiment.kind == "lm" else build_reasoner_config
+    for spec in experiment.models:
+        build(load_yaml(spec.config), spec.overrides)
+
+
 def _train_model(
     spec: ModelSpec,
     folder: Path,
@@ -179,6 +222,11 @@ def _train_model(
     """Train (or resume) one model (a reasoner, or with ``lm`` a recurrent-depth LM); its summary is stored in
     ``train.json`` once training has finished, and a rerun with the same budget returns it untrained."""
     done = _read_json(folder / "train.json")
+    if done is not None and done.get("overrides", []) != spec.overrides:
+        raise UsageError(
+            f"{folder} was trained with overrides {done.get('overrides', [])}, not {spec.overrides}; "
+            "use another --out"
+        )
     if done is not None and done.get("budget_minutes") == minutes:
         log(f"{spec.name}: trained already ({done['step']} steps), skipping")
         return done
@@ -320,6 +368,7 @@ def run_experiment(
     default each model gets the experiment's ``budget_minutes``.
     """
     out = Path(out)
+    _check_run_configs(experiment)
     if budget_minutes is not None:
         per_model = positive_number(budget_minutes, "--budget-minutes") / len(experiment.models)
     else:
@@ -345,6 +394,7 @@ def run_experiment(
         "date": started.strftime("%Y-%m-%d"),
         "machine": machine(),
         "budget_minutes_per_model": round(per_model, 4),
+        "overrides": experiment.overrides,
         "eval": vars(experiment.eval),
         "models": rows,
         "paper": experiment.paper,

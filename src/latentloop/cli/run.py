@@ -36,6 +36,12 @@ def run_command(
     experiment: str = typer.Argument(
         None, help="A shipped experiment (see --list) or an experiment YAML file."
     ),
+    overrides: list[str] = typer.Argument(
+        None,
+        help="KEY=VALUE changes for this run: `model.`, `train.` and `task.` keys apply to every model "
+        "(`train.seed=1`, `train.compile=true`), `eval.` keys to the evaluation (`eval.samples=5`).",
+        show_default=False,
+    ),
     out: str = typer.Option(None, "--out", help="Output folder (default: runs/EXPERIMENT)."),
     budget_minutes: str = typer.Option(
         None, "--budget-minutes", help="Training time of the whole experiment, split between its models."
@@ -67,7 +73,10 @@ def run_command(
         from latentloop.experiments import positive_number
 
         budget = positive_number(budget_minutes, "--budget-minutes")
-    spec = load_experiment(experiment or DEFAULT_EXPERIMENT)
+    overrides = list(overrides or [])
+    if experiment is not None and "=" in experiment:  # `latentloop run train.seed=1`: the default experiment
+        experiment, overrides = None, [experiment, *overrides]
+    spec = load_experiment(experiment or DEFAULT_EXPERIMENT, overrides)
     out_dir = Path(out) if out else Path("runs") / spec.name
 
     def log(line: str) -> None:
@@ -75,7 +84,8 @@ def run_command(
 
     results = run_experiment(spec, out_dir, budget_minutes=budget, progress=not json_output, log=log)
     if report:
-        words = ["latentloop", "run", experiment or spec.name, "--out", str(out_dir), "--report", report]
+        words = ["latentloop", "run", experiment or spec.name, *overrides]
+        words += ["--out", str(out_dir), "--report", report]
         if budget is not None:
             words += ["--budget-minutes", f"{budget:g}"]
         command = " ".join(shlex.quote(w) for w in words)
