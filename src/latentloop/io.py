@@ -8,13 +8,26 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from latentloop.errors import UsageError
+
+
+@contextlib.contextmanager
+def writing_to(path: str | Path) -> Iterator[None]:
+    """Report an ``OSError`` raised inside (a folder that cannot be made, a read-only place) as bad input that
+    names ``path``, the place the user asked for, rather than the temporary file beside it."""
+    try:
+        yield
+    except OSError as error:
+        raise UsageError(f"cannot write {path}: {error.strerror or error}") from None
+
 
 @contextlib.contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; on success it is flushed and renamed onto ``path``."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    with writing_to(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle, temp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(handle)
     temp = Path(temp_name)
     try:

@@ -162,6 +162,25 @@ def test_data_build_bad_input_writes_nothing(capsys, tmp_path, extra: list[str])
     assert list(tmp_path.iterdir()) == []
 
 
+def test_data_build_into_an_unwritable_place_is_one_line(capsys, tmp_path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    _assert_usage_error(*run(capsys, "data", "build", "nqueens:n=5", "--out", str(blocker / "sub")))
+    assert list(tmp_path.iterdir()) == [blocker]
+
+
+def test_a_file_system_error_in_any_command_is_one_line(capsys, tmp_path, monkeypatch) -> None:
+    import latentloop.data.dataset as dataset
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device", str(tmp_path / "out"))
+
+    monkeypatch.setattr(dataset, "build_dataset", full_disk)
+    code, out, err = run(capsys, "data", "build", "nqueens:n=5", "--out", str(tmp_path / "out"))
+    _assert_usage_error(code, out, err)
+    assert "No space left on device" in err and str(tmp_path / "out") in err
+
+
 def test_data_build_from_malformed_csv_writes_nothing(capsys, tmp_path) -> None:
     csv_path = tmp_path / "extreme.csv"
     csv_path.write_text(f"source,q,a,rating\nx,{CLASSIC},{SOLUTION},3\ny,{CLASSIC[:-1]},{SOLUTION},4\n")

@@ -33,6 +33,12 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except OSError as error:  # a path given on the command line that cannot be read or written
+        print(
+            f"error: {error.filename}: {error.strerror}" if error.filename else f"error: {error}",
+            file=sys.stderr,
+        )
+        return 2
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130

@@ -33,6 +33,7 @@ import numpy as np
 from tqdm import tqdm
 
 from latentloop.errors import UsageError
+from latentloop.io import writing_to
 from latentloop.tasks.base import Task
 
 FORMAT = "latentloop-puzzles"
@@ -176,8 +177,9 @@ def build_dataset(
 def _write_folder(
     out: Path, splits: dict[str, dict[str, np.ndarray]], metadata: dict[str, Any], force: bool
 ) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    temp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    with writing_to(out):
+        out.parent.mkdir(parents=True, exist_ok=True)
+        temp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     umask = os.umask(0)
     os.umask(umask)
     os.chmod(temp, 0o777 & ~umask)  # mkdtemp makes it private; the finished folder gets normal permissions
