@@ -162,6 +162,9 @@ def bench_training(
     }
 
 
+MODES = ("eager", "compiled")
+
+
 def bench_compile(archs: list[str], task: Task, batch_size: int, repeats: int, seed: int) -> dict[str, Any]:
     split = puzzle_split(task, 512, seed)
     results = {}
@@ -188,9 +191,6 @@ def bench_compile(archs: list[str], task: Task, batch_size: int, repeats: int, s
             "speedup_compiled": round(statistics.median(ratios), 3),
         }
     return {"batch_size": batch_size, "repeats": repeats, "models": results}
-
-
-MODES = ("eager", "compiled")
 
 
 def bench_sampling(
