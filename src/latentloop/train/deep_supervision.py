@@ -346,13 +346,13 @@ def _evaluate(
 ) -> dict[str, Any]:
     """Held-out accuracy of the EMA weights as inference runs them (GRAM sampling its prior), logged. With
     several processes each rank solves a contiguous share of the puzzles and the counts are summed."""
-    from latentloop.eval.reasoners import quick_accuracy
+    from latentloop.eval.reasoners import quick_accuracy, unique_rows
 
     was_training = ema.training
     if ctx.enabled:
-        _, first = np.unique(np.asarray(split["puzzle_ids"]), return_index=True)
-        start, stop = dist.shard_bounds(len(np.sort(first)[:limit]), ctx)
-        rows = np.sort(first)[start:stop]
+        distinct = unique_rows(split, limit)
+        start, stop = dist.shard_bounds(len(distinct), ctx)
+        rows = distinct[start:stop]
         mine = {k: np.asarray(split[k])[rows] for k in ("inputs", "labels", "puzzle_ids")}
         result = quick_accuracy(ema.eval(), task, mine, len(rows)) if len(rows) else {}
         correct, total = dist.all_reduce_sum([result.get("accuracy", 0.0) * len(rows), len(rows)], ctx)
