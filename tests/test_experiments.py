@@ -9,7 +9,7 @@ import yaml
 
 from latentloop.cli import main
 from latentloop.errors import UsageError
-from latentloop.experiments import available_experiments, load_experiment, run_experiment
+from latentloop.experiments import available_experiments, load_experiment, report_markdown, run_experiment
 from tests.tiny import TINY_LM, TINY_REASONER, tiny_run
 
 TINY_MODEL = TINY_REASONER["model"]
@@ -93,6 +93,7 @@ def test_budget_is_split_between_models(tmp_path):
         ({"budget_minutes": -1}, "positive number"),
         ({"eval": {"samples": 0}}, "eval.samples"),
         ({"eval": {"sample": 3}}, "unknown eval keys"),
+        ({"eval": {"temperature": -1}}, "eval.temperature"),
     ],
 )
 def test_bad_experiment_files_are_usage_errors(tmp_path, changes, message):
@@ -134,12 +135,14 @@ def test_overrides_change_every_model_and_the_evaluation(tmp_path):
     path = str(
         write_experiment(tmp_path, models={"gram": {"config": "gram.yaml", "overrides": ["train.lr=1e-3"]}})
     )
-    experiment = load_experiment(path, ["train.seed=3", "eval.samples=2"])
+    experiment = load_experiment(path, ["train.seed=3", "eval.samples=2", "eval.temperature=0.5"])
     assert experiment.models[0].overrides == ["train.lr=1e-3", "train.seed=3"]  # the file's own come first
     assert experiment.eval.samples == 2 and experiment.eval.steps == 2
     results = run_experiment(experiment, tmp_path / "out", progress=False, log=lambda _: None)
-    assert results["overrides"] == ["train.seed=3", "eval.samples=2"]
+    assert results["overrides"] == ["train.seed=3", "eval.samples=2", "eval.temperature=0.5"]
     assert results["models"]["gram"]["eval"]["samples"] == 2
+    assert results["models"]["gram"]["eval"]["temperature"] == 0.5
+    assert "2 samples, 2 steps, sampling temperature 0.5" in report_markdown(results)
     saved = yaml.safe_load((tmp_path / "out" / "gram" / "config.yaml").read_text())
     assert saved["train"]["seed"] == 3 and saved["train"]["lr"] == 1e-3
     # The finished model was trained otherwise: rerunning without the override is refused, not mixed.

@@ -63,6 +63,7 @@ class EvalSpec:
     limit: int | None = None
     select: str = "vote"
     seed: int = 0  # of the models' sampling noise: a rerun evaluates alike
+    temperature: float = 1.0  # AR and MDLM: of their token draws; GRAM: scale of its prior noise
     depths: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32])  # kind: lm only
 
 
@@ -146,7 +147,7 @@ def load_experiment(name_or_path: str, overrides: Sequence[str] = ()) -> Experim
         own = [str(o) for o in entry.get("overrides") or []]
         specs.append(ModelSpec(str(model), config, [*own, *run_overrides]))
     raw_eval = data.get("eval") or {}
-    unknown = set(raw_eval) - {"samples", "steps", "limit", "select", "seed", "depths"}
+    unknown = set(raw_eval) - {"samples", "steps", "limit", "select", "seed", "temperature", "depths"}
     if unknown:
         raise UsageError(f"{path}: unknown eval keys {', '.join(sorted(unknown))}")
     try:
@@ -156,6 +157,8 @@ def load_experiment(name_or_path: str, overrides: Sequence[str] = ()) -> Experim
     for key in ("samples", "steps"):
         if int(getattr(evaluation, key)) < 1:
             raise UsageError(f"{path}: eval.{key} must be at least 1")
+    if not float(evaluation.temperature) >= 0:
+        raise UsageError(f"{path}: eval.temperature must be at least 0")
     depths = evaluation.depths
     if not isinstance(depths, list) or not depths or not all(isinstance(d, int) and d >= 1 for d in depths):
         raise UsageError(f"{path}: eval.depths must be a list of positive integers")
@@ -292,11 +295,16 @@ def _sample_model(spec: ModelSpec, folder: Path, settings: EvalSpec, log: Callab
     from latentloop.eval.generation import sample_run
 
     report = _read_json(folder / "sample.json")
-    if report is not None and report.get("samples") == settings.samples:
+    if (
+        report is not None
+        and report.get("samples") == settings.samples
+        and report.get("temperature", 1.0) == settings.temperature
+    ):
         log(f"{spec.name}: sampled already, skipping")
         return report
     log(f"{spec.name}: drawing {settings.samples} unconditional samples")
-    report = sample_run(folder, settings.samples, None, 0, 1.0, 256, None, None)  # images: MODEL/samples.png
+    # images: MODEL/samples.png
+    report = sample_run(folder, settings.samples, None, 0, settings.temperature, 256, None, None)
     _write_json(folder / "sample.json", report)
     return report
 
@@ -321,6 +329,7 @@ def _evaluate_model(
         report is not None
         and all(report.get(k) == v for k, v in wanted.items())
         and report.get("limit") == settings.limit
+        and report.get("temperature", 1.0) == settings.temperature
         and report.get("requested_steps", report.get("steps")) == steps
     ):
         log(f"{spec.name}: evaluated already, skipping")
@@ -333,6 +342,7 @@ def _evaluate_model(
         select=settings.select,
         limit=settings.limit,
         seed=settings.seed,
+        temperature=settings.temperature,
         progress=None if progress else False,
         label=f"{spec.name}: evaluating",
     )
@@ -533,9 +543,10 @@ def _lm_report_markdown(results: dict[str, Any], command: str | None) -> str:
 
 def _generation_report_markdown(results: dict[str, Any], command: str | None) -> str:
     rows = summary_rows(results)
-    lines = _report_heading(
-        results, f"; {rows[0]['samples']} samples per model at its own default depth", command
-    )
+    details = f"; {rows[0]['samples']} samples per model at its own default depth"
+    if results["eval"].get("temperature", 1.0) != 1.0:
+        details += f", sampling temperature {results['eval']['temperature']}"
+    lines = _report_heading(results, details, command)
     scored = any(r["inception_score"] is not None for r in rows)
     header = "| model | parameters | trained (min / batches) | samples/s | valid (%) | distinct |"
     rule = "|---|---|---|---|---|---|"
@@ -582,6 +593,8 @@ def report_markdown(results: dict[str, Any], command: str | None = None) -> str:
     has_conf = any(r["conflicts_total"] is not None for r in rows)
     first = next(iter(results["models"].values()))["eval"]
     details = f"; {first['puzzles']} test puzzles, {ev['samples']} samples, {ev['steps']} steps"
+    if ev.get("temperature", 1.0) != 1.0:
+        details += f", sampling temperature {ev['temperature']}"
     if first.get("metric"):  # ARC: accuracy is pass@2 over the augmented copies of each test input
         details += f"; accuracy is {first['metric']} over {first['copies']} augmented copies"
     lines = _report_heading(results, details, command)

@@ -51,6 +51,17 @@ def test_solve_shapes_and_sample_diversity():
     )
 
 
+def test_gram_samples_at_temperature_zero_agree_and_a_negative_temperature_is_refused():
+    x = torch.randint(1, 3, (2, 16))
+    model = _model("gram")
+    cold = solve(model, x, steps=2, samples=3, temperature=0.0)
+    assert torch.equal(cold.predictions[:, 0], cold.predictions[:, 2])
+    assert torch.equal(cold.values[:, 0], cold.values[:, 1])
+    for arch in ("gram", "trm"):
+        with pytest.raises(UsageError, match="temperature"):
+            solve(_model(arch), x, samples=2, temperature=-0.5)
+
+
 def test_batched_samples_match_single_runs_for_deterministic_models():
     x = torch.randint(1, 3, (2, 16))
     model = _model("hrm")

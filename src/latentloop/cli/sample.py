@@ -57,7 +57,9 @@ def sample(
         0, "--seed", help="Seed of the sampling noise: the same seed, the same samples."
     ),
     temperature: float = typer.Option(
-        1.0, "--temperature", help="ar and mdlm: sampling temperature (0 = greedy)."
+        1.0,
+        "--temperature",
+        help="ar and mdlm: sampling temperature (0 = greedy); gram: scale of the prior noise (0 = its mean).",
     ),
     batch_size: int = typer.Option(256, "--batch-size", help="Samples per batched forward pass."),
     task: str = typer.Option(None, "--task", help="Task spec, needed only for a checkpoint outside a run."),

@@ -245,7 +245,9 @@ def eval_command(
     steps: int = typer.Option(None, "--steps", help="Puzzle models: supervision steps (default: n_sup)."),
     select: str = typer.Option("vote", "--select", help="Puzzle models: vote, value or first."),
     temperature: float = typer.Option(
-        1.0, "--temperature", help="ar and mdlm: sampling temperature (0 = greedy)."
+        1.0,
+        "--temperature",
+        help="ar and mdlm: sampling temperature (0 = greedy); gram: scale of the prior noise (0 = its mean).",
     ),
     seed: int = typer.Option(0, "--seed", help="Puzzle models: seed of the sampling noise."),
     json_output: bool = typer.Option(False, "--json", help="Print the result as JSON."),

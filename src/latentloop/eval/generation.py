@@ -208,8 +208,8 @@ def sample_blanks(
     """``n`` answers to the task's blank puzzle: ``(tokens [n, L], steps run, seconds spent sampling)``.
 
     Every sample goes through :func:`~latentloop.infer.scaling.solve` as one of its K parallel samples of the
-    blank puzzle (at most ``batch_size`` per call), so GRAM draws fresh prior noise per sample, AR and MDLM
-    sample at ``temperature``, and ``steps`` means what it means for ``solve`` (supervision steps, MDLM's
+    blank puzzle (at most ``batch_size`` per call), so GRAM draws fresh prior noise per sample (its scale
+    times ``temperature``), AR and MDLM sample at ``temperature``, and ``steps`` means what it means for ``solve`` (supervision steps, MDLM's
     unmasking steps). Randomness comes from torch's global RNG: seed it for repeatable samples.
     """
     if n < 1:
@@ -306,7 +306,9 @@ def sample_run(
         "valid_fraction": valid / n,
         "distinct": len({np.asarray(row).tobytes() for row in tokens}),
     }
-    if hasattr(model, "sample"):  # AR and MDLM draw at a temperature; the recursive models decode argmax
+    if (
+        hasattr(model, "sample") or model.stochastic
+    ):  # AR and MDLM draw tokens, GRAM its noise, at a temperature
         report["temperature"] = temperature
     if image:
         images = np.stack(answers)

@@ -99,7 +99,8 @@ def evaluate_model(
 ) -> dict[str, Any]:
     """Accuracy (and coverage, conflicts) of ``model`` on puzzle ``inputs`` ``[N, L]`` with curves over steps
     ``1..steps`` (all samples, ``select``) and over samples ``1..samples`` (last step, every selection).
-    ``steps`` defaults to the model's own (see :func:`solve`); ``temperature`` is the AR/MDLM samplers'.
+    ``steps`` defaults to the model's own (see :func:`solve`); ``temperature`` is the AR/MDLM samplers' and
+    scales GRAM's prior noise.
     ``progress`` shows a bar named ``label`` on stderr (default: when stderr is a terminal)."""
     if select not in SELECTIONS:
         raise UsageError(f"--select must be one of {', '.join(SELECTIONS)}, got {select!r}")
@@ -142,7 +143,7 @@ def evaluate_model(
             for k in range(1, samples + 1)
         ],
     }
-    if hasattr(model, "sample"):  # AR and MDLM: steps are unmasking steps (1 for AR), samples are drawn
+    if hasattr(model, "sample") or model.stochastic:  # AR and MDLM draw tokens, GRAM its noise
         report["temperature"] = temperature
     chosen = _selected(key_ids[-1], values[-1], select)
     if task.name == "graph-coloring":
@@ -274,8 +275,9 @@ def evaluate_reasoner(
     **_: Any,
 ) -> dict[str, Any]:
     """Evaluate a run's newest checkpoint on its test split; writes the reports into the run folder.
-    ``temperature`` is the sampling temperature of the AR and MDLM baselines (0: greedy); ``seed`` seeds the
-    models' sampling noise, so the same call gives the same report (the caller's RNG state is kept).
+    ``temperature`` is the sampling temperature of the AR and MDLM baselines (0: greedy) and the scale of GRAM's
+    prior noise (0: the prior's mean); ``seed`` seeds the models' sampling noise, so the same call gives the
+    same report (the caller's RNG state is kept).
     ``progress`` and ``label``: the progress bar of :func:`evaluate_model`."""
     if samples < 1 or (steps is not None and steps < 1):
         raise UsageError("--samples and --steps must be at least 1")

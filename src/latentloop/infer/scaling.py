@@ -74,7 +74,8 @@ def solve(
 
     A model with a ``sample(inputs, steps, temperature)`` method (the AR and MDLM baselines) decodes with its
     own sampling loop instead: ``steps`` are then its unmasking steps (MDLM, default ``model.config.cycles``)
-    or 1 (AR), ``temperature`` its sampling temperature (0: greedy), and it never halts.
+    or 1 (AR), ``temperature`` its sampling temperature (0: greedy), and it never halts. For a stochastic
+    reasoner (GRAM) ``temperature`` scales the prior noise's standard deviation (0: the prior's mean).
 
     ``halt``: a sample stops (keeps its answer) once ``sigmoid(q_halt) > 0.5``, or, for a model trained with
     ``model.halting=q-learning``, once ``q_halt > q_continue``. ``key`` maps a sample's tokens
@@ -87,6 +88,8 @@ def solve(
     steps = model.config.n_sup if steps is None and sampler is None else steps
     if (steps is not None and steps < 1) or samples < 1:
         raise UsageError(f"steps and samples must be at least 1, got {steps} and {samples}")
+    if not temperature >= 0:
+        raise UsageError(f"--temperature must be at least 0, got {temperature}")
     if x.dim() != 2 or x.shape[1] != model.config.seq_len:
         raise UsageError(f"puzzles must be [batch, {model.config.seq_len}] tokens, got {list(x.shape)}")
     was_training = model.training
@@ -101,11 +104,12 @@ def solve(
         tokens, sampled = sampler(batch["inputs"], steps=steps, temperature=temperature)
         preds, values, halts = list(tokens), list(sampled.float()), [torch.zeros_like(v) for v in sampled]
         steps = len(preds)
+    noise = {"temperature": temperature} if model.stochastic and sampler is None else {}
     carry = model.initial_carry(batch)
     done = torch.zeros(samples * batch_size, dtype=torch.bool, device=x.device)
     halted_at = torch.full((samples * batch_size,), steps, dtype=torch.long, device=x.device)
     for step in range(len(preds), steps):
-        carry, out = model(carry, batch)
+        carry, out = model(carry, batch, **noise)
         tokens = out.logits.argmax(-1)
         value, halt_prob = out.value.float(), torch.sigmoid(out.halt_logit.float())
         if preds:  # halted samples keep the answer (and value) of the step they halted at

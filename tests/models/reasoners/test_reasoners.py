@@ -132,6 +132,30 @@ def test_gram_samples_differ_and_deterministic_models_do_not():
         assert torch.equal(first, second) != (arch == "gram"), arch
 
 
+def test_gram_temperature_scales_the_prior_noise_and_zero_follows_its_mean():
+    task = get_task("nqueens", n=4)
+    model = _gram(task).eval()
+    batch, y = batch_for(task, size=2)
+    carry = model.initial_carry(batch)
+
+    def step(temperature: float, seed: int = 0, target=None) -> torch.Tensor:
+        torch.manual_seed(seed)
+        with torch.no_grad():
+            return model(carry, batch, target=target, temperature=temperature)[0]["h"]
+
+    assert torch.equal(step(0.0, seed=1), step(0.0, seed=2)), "temperature 0 draws no noise"
+    # The same draw of noise at half the temperature lands half as far from the deterministic part (one
+    # transition per step here, so the noise enters once).
+    model.config.cycles = 1
+    mean, half, full = step(0.0), step(0.5), step(1.0)
+    assert not torch.equal(mean, full)
+    assert torch.allclose(half - mean, (full - mean) / 2, atol=1e-5)
+    # Training samples the posterior, which the temperature does not touch.
+    assert torch.equal(step(0.3, target=y), step(1.0, target=y))
+    with pytest.raises(UsageError, match="temperature"):
+        step(-1.0)
+
+
 def test_save_and_load_roundtrip(tmp_path):
     task = get_task("nqueens", n=4)
     model = _gram(task)

@@ -11,6 +11,9 @@ A supervision step runs ``T`` transitions (``config.cycles``), the first ``T - 1
 ``β · KL(q(ε_T | u_T, y) || p(ε_T | u_T))`` with Dreamer-style balancing ``α = config.kl_balance``:
 ``α · KL(sg(q) || p) + (1 - α) · KL(q || sg(p))``. The decoder reads ``h``. ``K`` is ``config.inner``.
 
+At inference a temperature ``τ`` scales the prior's ``σ`` (``ε ~ N(μ, τ²σ²)``; ``τ = 0`` follows the prior's
+mean), the usual dial between the diversity and the validity of a latent-variable model's samples.
+
 The KL is that of the whole latent ``ε`` (summed over positions and dimensions) while the cross-entropy is a
 mean over positions. With the paper's β this prices information in the posterior noise close to what it can
 save in cross-entropy (N-Queens 8x8: the posterior pays ``(1 - α) · β = 0.014`` per nat against ``1 / 64``
@@ -27,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from latentloop.errors import UsageError
 from latentloop.models.reasoners.base import Carry, Reasoner, ReasonerConfig, ReasonerOutput, ReasoningModule
 
 _MIN_STD = 1e-3
@@ -97,14 +101,16 @@ class GRAMReasoner(Reasoner):
         e_x: torch.Tensor,
         rope: torch.Tensor,
         e_y: torch.Tensor | None,
+        temperature: float = 1.0,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """One transition: ``(h, l, kl)``; the posterior is used when the target embedding ``e_y`` is given."""
+        """One transition: ``(h, l, kl)``; the posterior is used when the target embedding ``e_y`` is given,
+        the prior's ``σ`` scaled by ``temperature`` otherwise."""
         for _ in range(self.config.inner):
             l = self.f_L(l, h + e_x, rope)  # noqa: E741
         u = self.f_H(h, l, rope)
         mu_p, std_p = self.prior(u)
         if e_y is None:
-            mu, std, kl = mu_p, std_p, torch.zeros(u.shape[0], device=u.device)
+            mu, std, kl = mu_p, std_p * temperature, torch.zeros(u.shape[0], device=u.device)
         else:
             mu, std = self.posterior(u + e_y)
             kl = balanced_kl(mu, std, mu_p, std_p, self.config.kl_balance)
@@ -112,8 +118,15 @@ class GRAMReasoner(Reasoner):
         return u + eps.to(u.dtype), l, kl
 
     def forward(  # type: ignore[override]
-        self, carry: Carry, batch: dict[str, torch.Tensor], target: torch.Tensor | None = None
+        self,
+        carry: Carry,
+        batch: dict[str, torch.Tensor],
+        target: torch.Tensor | None = None,
+        temperature: float = 1.0,
     ) -> tuple[Carry, ReasonerOutput]:
+        """One supervision step; without ``target`` the noise comes from the prior at ``temperature``."""
+        if temperature < 0:
+            raise UsageError(f"temperature must be >= 0, got {temperature}")
         e_x, rope = self.embed_input(batch["inputs"], batch.get("puzzle_ids"))
         e_y = None if target is None else self.target_embed(target.long())
         if e_y is not None and self.config.prefix_len:  # the puzzle-embedding positions have no target
@@ -121,6 +134,6 @@ class GRAMReasoner(Reasoner):
         h, l = carry["h"], carry["l"]  # noqa: E741
         with torch.no_grad():
             for _ in range(self.config.cycles - 1):
-                h, l, _ = self.transition(h, l, e_x, rope, e_y)  # noqa: E741
-        h, l, kl = self.transition(h, l, e_x, rope, e_y)  # noqa: E741
+                h, l, _ = self.transition(h, l, e_x, rope, e_y, temperature)  # noqa: E741
+        h, l, kl = self.transition(h, l, e_x, rope, e_y, temperature)  # noqa: E741
         return {"h": h.detach(), "l": l.detach()}, self.readout(h, kl)
