@@ -12,3 +12,10 @@ app = typer.Typer(
 )
 data_app = typer.Typer(help="Build datasets on disk.", no_args_is_help=True)
 app.add_typer(data_app, name="data")
+
+# Options that several commands share.
+TEMPERATURE = typer.Option(
+    1.0,
+    "--temperature",
+    help="ar and mdlm: sampling temperature (0 = greedy); gram: scale of the prior noise (0 = its mean).",
+)

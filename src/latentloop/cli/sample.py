@@ -7,7 +7,7 @@ from typing import Any
 
 import typer
 
-from latentloop.cli.app import app
+from latentloop.cli.app import TEMPERATURE, app
 from latentloop.errors import UsageError
 
 _STEP_NAMES = {"mdlm": "unmasking steps", "ar": "left-to-right pass"}
@@ -56,11 +56,7 @@ def sample(
     seed: int = typer.Option(
         0, "--seed", help="Seed of the sampling noise: the same seed, the same samples."
     ),
-    temperature: float = typer.Option(
-        1.0,
-        "--temperature",
-        help="ar and mdlm: sampling temperature (0 = greedy); gram: scale of the prior noise (0 = its mean).",
-    ),
+    temperature: float = TEMPERATURE,
     batch_size: int = typer.Option(256, "--batch-size", help="Samples per batched forward pass."),
     task: str = typer.Option(None, "--task", help="Task spec, needed only for a checkpoint outside a run."),
     json_output: bool = typer.Option(False, "--json", help="Print the result as JSON."),

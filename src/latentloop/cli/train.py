@@ -12,7 +12,7 @@ from typing import Any
 
 import typer
 
-from latentloop.cli.app import app, data_app  # noqa: F401
+from latentloop.cli.app import TEMPERATURE, app, data_app  # noqa: F401
 from latentloop.errors import UsageError
 
 
@@ -244,11 +244,7 @@ def eval_command(
     samples: int = typer.Option(20, "--samples", help="Puzzle models: parallel samples per puzzle."),
     steps: int = typer.Option(None, "--steps", help="Puzzle models: supervision steps (default: n_sup)."),
     select: str = typer.Option("vote", "--select", help="Puzzle models: vote, value or first."),
-    temperature: float = typer.Option(
-        1.0,
-        "--temperature",
-        help="ar and mdlm: sampling temperature (0 = greedy); gram: scale of the prior noise (0 = its mean).",
-    ),
+    temperature: float = TEMPERATURE,
     seed: int = typer.Option(0, "--seed", help="Puzzle models: seed of the sampling noise."),
     json_output: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
