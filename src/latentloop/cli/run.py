@@ -61,11 +61,13 @@ def run_command(
     )
 
     if list_only:
-        for name in available_experiments():
+        names = available_experiments()
+        width = max(map(len, names), default=0)
+        for name in names:
             spec = load_experiment(name)
             minutes = f"~{spec.expected_minutes:g} min" if spec.expected_minutes else ""
             typer.echo(
-                f"{name:<18} {minutes:>10}  {spec.description.splitlines()[0] if spec.description else ''}"
+                f"{name:<{width}} {minutes:>9}  {spec.description.splitlines()[0] if spec.description else ''}"
             )
         return
     budget = None
