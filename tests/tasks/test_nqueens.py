@@ -30,6 +30,7 @@ def test_parse_forms_and_errors() -> None:
     board = task.parse(".Q..\n...Q\nQ...\n..Q.")
     assert board.sum() == 4 and board[0, 1]
     assert (task.parse("0100000110000010") == board).all()
+    assert (task.parse(".Q..|...Q|Q.../..Q.") == board).all()  # row separators
     assert task.format(board) == ".Q.....QQ.....Q."
     with pytest.raises(UsageError, match="needs 16 cells"):
         task.parse("." * 15)

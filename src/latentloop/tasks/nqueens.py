@@ -1,7 +1,8 @@
 """N-Queens as in GRAM: complete a board from which k queens were removed; every valid completion counts.
 
 Boards are boolean arrays ``(n, n)`` (True = queen). Text form: ``n*n`` characters, 'Q' or '1' for a
-queen, '.' or '0' for an empty cell, whitespace ignored. Token ids: 0 = pad, 1 = empty, 2 = queen.
+queen, '.' or '0' for an empty cell; whitespace and the row separators '|' and '/' are ignored. Token ids:
+0 = pad, 1 = empty, 2 = queen.
 
 Dataset (GRAM protocol): every solution of the ``n x n`` board, every way of removing ``k`` of its queens
 for each k (default {n-3, n-2, n-1}: {5, 6, 7} for 8x8, {7, 8, 9} for 10x10), deduplicated, split 85:15 by
@@ -108,7 +109,7 @@ def attacking_pairs(board: np.ndarray) -> int:
 
 def parse_board(text: str, n: int | None = None) -> np.ndarray:
     """A board from its text form (see the module docstring); ``n`` is inferred from the length if None."""
-    cells = re.sub(r"\s", "", text)
+    cells = re.sub(r"[\s|/]", "", text)
     size = n if n is not None else round(len(cells) ** 0.5)
     if size < 1 or len(cells) != size * size:
         need = (
