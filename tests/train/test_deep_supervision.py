@@ -5,15 +5,22 @@ from __future__ import annotations
 import itertools
 import math
 
+import numpy as np
 import pytest
 import torch
+from safetensors.torch import load_file
 from torch._dynamo.utils import counters
 
 from latentloop.errors import UsageError
 from latentloop.models.reasoners import build_reasoner
 from latentloop.nn import Block
+from latentloop.tasks.base import get_task
+from latentloop.train import distributed as dist
 from latentloop.train.deep_supervision import (
+    SLOTS_FILE,
+    HaltedReplacement,
     build_reasoner_config,
+    fit_to_task,
     model_noise_seed,
     stablemax_log_probs,
     train_batch,
@@ -24,8 +31,8 @@ from tests.tiny import TINY_REASONER
 TINY = TINY_REASONER
 
 
-def config(arch="gram", **train):
-    data = {**TINY, "train": {**TINY["train"], **train}}
+def config(arch="gram", model=None, **train):
+    data = {**TINY, "model": {**TINY["model"], **(model or {})}, "train": {**TINY["train"], **train}}
     return build_reasoner_config(data, arch=arch)
 
 
@@ -37,6 +44,62 @@ def test_resumed_training_continues_exactly(tmp_path):
     assert second.resumed_from == 2
     assert len(whole.losses) == 4 * 2  # one loss per supervision step (n_sup = 2 per batch)
     assert first.losses + second.losses == whole.losses
+
+
+@pytest.mark.parametrize("halting", ["bce", "q-learning"])
+def test_halted_replacement_resumes_exactly_with_samples_in_flight(tmp_path, monkeypatch, halting):
+    # Q-heads that start out halting, held back half the time by exploration: samples leave at different
+    # steps, so every checkpoint has samples in the middle of their supervision steps.
+    monkeypatch.setattr("latentloop.models.reasoners.heads._INITIAL_BIAS", 5.0)
+    run = dict(replace_halted=True, halt_exploration=0.5, steps=4, model={"n_sup": 3, "halting": halting})
+    whole = train_reasoner(config(**run), tmp_path / "whole")
+    first = train_reasoner(config(**run), tmp_path / "split", stop_at=2)
+    slots = load_file(str(first.checkpoint / SLOTS_FILE))
+    assert len(set(slots["0.steps"].tolist())) > 1, "samples in flight at different steps"
+    second = train_reasoner(config(**run), tmp_path / "split")
+    assert second.resumed_from == 2
+    assert first.losses + second.losses == whole.losses
+    # Samples that halt after fewer than n_sup steps make room for more samples than fixed batches see.
+    assert whole.examples_seen > 4 * 8
+
+
+def test_halted_samples_are_replaced_and_the_others_keep_their_carry():
+    task = get_task("nqueens", n=5)
+    puzzle = task.parse("Q" + "." * 24)
+    split = {
+        "inputs": task.encode(puzzle)[None],
+        "labels": task.encode(task.solutions(puzzle)[0])[None],
+        "puzzle_ids": np.zeros(1, dtype=np.int64),
+    }
+    run = config("trm", model={"n_sup": 4}, halt_exploration=0.0)
+    torch.manual_seed(0)
+    model = build_reasoner("trm", fit_to_task(run.model, task)).train()
+    slots = HaltedReplacement(model, task, split, run.train, dist.SINGLE, "cpu")
+    batch, _, carry, last = slots.next(0, 0)
+    assert slots.take_loaded() == 8 and not last.any()
+    carry, out = model(carry, batch)
+    carry = {k: v.detach() for k, v in carry.items()}
+    out.halt_logit = torch.where(torch.arange(8) < 3, 10.0, -10.0)  # the Q-head halts the first three
+    finished = slots.advance(carry, out, last)
+    assert finished["finished"] == 3 and finished["finished_steps"] == 3
+    _, _, carry, last = slots.next(0, 1)
+    assert slots.take_loaded() == 3 and slots.steps.tolist() == [0] * 3 + [1] * 5
+    initial = model.initial_carry(batch)
+    for key, value in carry.items():
+        assert torch.equal(value[:3], initial[key][:3]), "fresh samples start from the initial carry"
+        assert not torch.equal(value[3:], initial[key][3:]), "the others keep theirs"
+    # Nothing halts now: the five older samples take their last (n_sup-th) step first and then leave.
+    out.halt_logit = torch.full((8,), -10.0)
+    slots.advance(carry, out, last)
+    _, _, carry, last = slots.next(0, 2)
+    assert not last.any()
+    slots.advance(carry, out, last)
+    _, _, carry, last = slots.next(0, 3)
+    assert last.tolist() == [False] * 3 + [True] * 5
+    finished = slots.advance(carry, out, last)
+    assert finished["finished"] == 5 and finished["finished_steps"] == 5 * 4
+    _, _, _, last = slots.next(1, 0)
+    assert slots.take_loaded() == 5 and last.tolist() == [True] * 3 + [False] * 5
 
 
 def test_compiled_training_follows_the_eager_run(tmp_path):

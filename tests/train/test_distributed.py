@@ -16,11 +16,12 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from safetensors.torch import load_file
 
 from latentloop.errors import UsageError
 from latentloop.models.recurrent_depth import RecurrentDepthLM
 from latentloop.train import distributed as dist
-from latentloop.train.deep_supervision import build_reasoner_config, train_reasoner
+from latentloop.train.deep_supervision import SLOTS_FILE, build_reasoner_config, train_reasoner
 from latentloop.train.trainer import build_run_config, train
 from tests.tiny import TINY_LM, TINY_REASONER, tiny_run
 
@@ -80,8 +81,9 @@ def one_process_run(tmp_path_factory):
 @pytest.fixture(scope="module")
 def two_process_runs(tmp_path_factory):
     """The runs of a 2-process torchrun job: the LM under DDP stopped at step 4 of 6 (``lm``); the reasoner to
-    the end (``reasoner``); the LM under FSDP stopped at step 4 (``lm_fsdp``); and, under FSDP, the rest of a
-    run that one process trained to step 2 (``fsdp_from_one``). ``probe`` holds the FSDP saves' logits."""
+    the end (``reasoner``); the LM under FSDP stopped at step 4 (``lm_fsdp``); under FSDP, the rest of a run
+    that one process trained to step 2 (``fsdp_from_one``); and the reasoner replacing halted samples, stopped
+    at step 2 (``replacing``). ``probe`` holds the FSDP saves' logits."""
     if shutil.which("torchrun", path=str(Path(sys.executable).parent)) is None:
         pytest.skip("torchrun is not installed beside this Python")
     root = tmp_path_factory.mktemp("ddp")
@@ -97,6 +99,10 @@ def two_process_runs(tmp_path_factory):
         ["train", "--config", str(root / "reasoner.yaml"), "--out", str(root / "reasoner"), "--json", "-q"],
         [*lm, "--out", str(root / "lm_fsdp"), "--stop-at", "4", "--json", "-q", fsdp],
         [*lm, "--out", str(root / "fsdp_from_one"), "--json", "-q", fsdp],
+        [
+            *["train", "--config", str(root / "reasoner.yaml"), "--out", str(root / "replacing")],
+            *["--stop-at", "2", "--json", "-q", "train.replace_halted=true"],
+        ],
     ]
     (root / "runs.json").write_text(json.dumps(runs))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -126,7 +132,7 @@ def test_two_gloo_processes_match_one_process_with_the_same_global_batch(two_pro
     reference = {e["step"]: e["exact_match"] for e in _evals(one.out_dir)}
     assert all(e["exact_match"] == reference[e["step"]] for e in evals)
     # Rank 0 alone printed the results (one JSON line per run) and wrote the checkpoint.
-    assert len(stdout.strip().splitlines()) == 4
+    assert len(stdout.strip().splitlines()) == 5
     assert [p.name for p in (root / "lm" / "checkpoints").iterdir()] == ["step_00000004"]
     state = json.loads((root / "lm" / "checkpoints" / "step_00000004" / "trainer_state.json").read_text())
     assert state["world_size"] == 2 and state["step"] == 4
@@ -210,6 +216,23 @@ def test_deep_supervision_ranks_stay_in_step(two_process_runs, tmp_path):
         want = sum(one.losses[(step - 1) * 2 : step * 2]) / 2
         assert abs(loss - want) < TOLERANCE, (step, loss, want)
     assert _evals(root / "reasoner")[-1]["step"] == 3
+
+
+def test_replacing_halted_samples_saves_every_ranks_slots_and_resumes_in_one_process(
+    two_process_runs, tmp_path
+):
+    root, _ = two_process_runs
+    checkpoint = root / "replacing" / "checkpoints" / "step_00000002"
+    slots = load_file(str(checkpoint / SLOTS_FILE))
+    assert slots["0.inputs"].shape == slots["1.inputs"].shape == (4, 25)  # half of batch 8 each
+    assert not torch.equal(slots["0.inputs"], slots["1.inputs"]), "each rank draws its own samples"
+    run = tmp_path / "replacing"
+    shutil.copytree(root / "replacing", run)
+    lines: list[str] = []
+    config = build_reasoner_config(REASONER, ["train.replace_halted=true"])
+    resumed = train_reasoner(config, run, log=lines.append)
+    assert resumed.resumed_from == 2 and resumed.step == 3
+    assert any("start with fresh samples" in line for line in lines)
 
 
 def test_shards_partition_the_batch_without_overlap():

@@ -3,8 +3,11 @@
 One training *step* takes a batch (a pure function of ``(seed, step)``, augmented on the fly where the task
 allows it), starts from the model's initial carry and runs ``model.n_sup`` supervision steps. Each supervision
 step is one forward (``T`` transitions, gradient only through the last), one backward and one AdamW update;
-the carry is detached between them. The whole batch runs all ``n_sup`` steps (no replacement of halted
-samples), which keeps every step's cost and randomness fixed. Loss of a supervision step::
+the carry is detached between them. By default the whole batch runs all ``n_sup`` steps, which keeps every
+step's cost and randomness fixed. With ``train.replace_halted`` the batch is a set of slots, as in HRM and
+TRM: a sample leaves its slot when the Q-head halts it (or after ``n_sup`` steps) and a fresh sample takes
+its place at the next update, so the updates go to the samples that still need them (see
+:class:`HaltedReplacement`). Loss of a supervision step::
 
     CE(logits, y) on scored positions (stable-max CE as an option), or the model's own out.loss (AR, MDLM)
     + β · KL(posterior || prior)                                  GRAM only (KL is 0 for the others)
@@ -32,6 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
 
 from latentloop.config import load_yaml
 from latentloop.data.dataset import build_dataset, load_dataset
@@ -68,6 +72,8 @@ from latentloop.train.trainer import (
 
 TRAIN_WEIGHTS = "train_model.safetensors"
 _NOISE_STREAM = 0x4E015E  # keeps model-noise seeds apart from data seeds of the same (seed, step)
+_REFILL_STREAM = 0x5EF111  # the fresh samples of train.replace_halted, apart from the batches of train_batch
+SLOTS_FILE = "slots.safetensors"  # train.replace_halted: the samples in flight when a checkpoint was written
 
 
 @dataclass
@@ -80,6 +86,9 @@ class ReasonerTrainConfig(TrainConfig):
     halt_weight: float = 0.5
     value_weight: float = 0.5
     augment: bool = True
+    # HRM/TRM's ACT training: a sample that the Q-head halts is replaced by a fresh one (see HaltedReplacement)
+    replace_halted: bool = False
+    halt_exploration: float = 0.1  # chance per step that a sample is held for a random 2..n_sup steps
     train_size: int | None = None
     test_size: int | None = None
     data: str | None = None
@@ -88,6 +97,8 @@ class ReasonerTrainConfig(TrainConfig):
         super().__post_init__()
         if not 0 <= self.ema < 1:
             raise UsageError(f"train.ema must be in [0, 1), got {self.ema}")
+        if not 0 <= self.halt_exploration <= 1:
+            raise UsageError(f"train.halt_exploration must be in [0, 1], got {self.halt_exploration}")
         if self.parallel != "ddp":
             raise UsageError(
                 f"train.parallel={self.parallel} is for the recurrent-depth LM; reasoners train with ddp"
@@ -180,8 +191,14 @@ def train_batch(
     board; Sudoku: digit, band and stack shuffles). Graph colouring has no augmentation (its labels are
     canonical colourings), nor has ARC here (its augmented copies are rows of the dataset, each with its own
     puzzle id)."""
-    rng = np.random.default_rng([seed, step])
-    rows = rng.integers(0, len(split["inputs"]), batch_size)
+    return draw_examples(task, split, np.random.default_rng([seed, step]), batch_size, augment)
+
+
+def draw_examples(
+    task: Task, split: dict[str, np.ndarray], rng: np.random.Generator, count: int, augment: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``count`` rows of ``split`` drawn with replacement by ``rng``, augmented (see :func:`train_batch`)."""
+    rows = rng.integers(0, len(split["inputs"]), count)
     x, y = split["inputs"][rows].copy(), split["labels"][rows].copy()
     if augment and task.name == "nqueens":
         _augment_nqueens(x, y, rng, task.n)  # type: ignore[attr-defined]
@@ -203,6 +220,163 @@ def fit_puzzle_embeddings(config: ReasonerConfig, task: Task, data: dict[str, di
     if config.puzzles and config.puzzles < needed:
         raise UsageError(f"model.puzzles={config.puzzles} is too few: the dataset has {needed} puzzle ids")
     config.puzzles = config.puzzles or needed
+
+
+# The samples of each update ---------------------------------------------------------------------------------------
+def answer_exact(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """``[B]`` bool: the argmax answer matches every scored label (labels 0 are not scored)."""
+    return ((logits.argmax(-1) == labels) | (labels == 0)).all(-1)
+
+
+class FixedBatches:
+    """Every batch (:func:`train_batch` of the step, this rank's share) runs all ``n_sup`` supervision steps
+    from the initial carry."""
+
+    def __init__(
+        self,
+        model: Reasoner,
+        task: Task,
+        split: dict[str, np.ndarray],
+        tc: ReasonerTrainConfig,
+        ctx: dist.DistContext,
+        device: str,
+    ) -> None:
+        self.model, self.task, self.split, self.tc, self.ctx, self.device = (
+            model,
+            task,
+            split,
+            tc,
+            ctx,
+            device,
+        )
+        self.n_sup = model.config.n_sup
+        self.batch: dict[str, torch.Tensor] = {}
+        self.labels = torch.empty(0)
+        self.carry: dict[str, torch.Tensor] = {}
+        self.loaded = 0  # fresh samples taken by this rank since the last take_loaded()
+
+    def next(self, step: int, n: int) -> tuple[dict[str, torch.Tensor], torch.Tensor, dict, Any]:
+        """``(batch, labels, carry, last)`` of supervision step ``n`` of batch ``step``; ``last`` (a bool, or a
+        ``[B]`` bool tensor) says which samples take their final step."""
+        if n == 0:
+            inputs, labels, puzzle_ids = train_batch(
+                self.task, self.split, step, self.tc.batch_size, self.tc.seed, self.tc.augment
+            )
+            self._load(inputs, labels, puzzle_ids)
+        return self.batch, self.labels, self.carry, n == self.n_sup - 1
+
+    def _load(self, inputs: torch.Tensor, labels: torch.Tensor, puzzle_ids: torch.Tensor) -> None:
+        ctx, device = self.ctx, self.device
+        self.batch = {"inputs": dist.shard(inputs, ctx).to(device)}
+        if self.model.config.puzzles:
+            self.batch["puzzle_ids"] = dist.shard(puzzle_ids, ctx).to(device)
+        self.labels = dist.shard(labels, ctx).to(device)
+        self.carry = self.model.initial_carry(self.batch)
+        self.loaded += len(self.labels)
+
+    def advance(self, carry: dict[str, torch.Tensor], out: Any, last: Any) -> dict[str, float]:
+        """Take the carry a supervision step returned; the samples that finished and how (``finished``,
+        ``finished_exact``, ``finished_steps``: sums over this rank's samples)."""
+        self.carry = carry
+        if last is not True:
+            return {}
+        exact = answer_exact(out.logits.float(), self.labels)
+        return {
+            "finished": len(exact),
+            "finished_exact": float(exact.sum()),
+            "finished_steps": len(exact) * self.n_sup,
+        }
+
+    def take_loaded(self) -> int:
+        loaded, self.loaded = self.loaded, 0
+        return loaded
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        pass
+
+
+class HaltedReplacement(FixedBatches):
+    """HRM/TRM's ACT training: the batch is this rank's share of ``batch_size`` *slots*, each holding one sample
+    at its own supervision step.
+
+    Before an update the slots whose sample halted take fresh samples (drawn by a generator seeded with
+    ``(seed, rank, update)``) and the initial carry. After it a sample halts when its Q-head says so
+    (``q_halt > 0``; ``q_halt > q_continue`` under Q-learning halting) or when it has had ``n_sup`` steps. With
+    probability ``halt_exploration`` per step a sample is held for a random 2..``n_sup`` steps instead (HRM's
+    exploration), so that early halting leaves the later steps some training. The samples in flight go into
+    every checkpoint, so a resumed run continues exactly.
+    """
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        size = dist.shard(torch.zeros(self.tc.batch_size), self.ctx).numel()
+        length = self.model.config.seq_len
+        self.inputs = torch.zeros(size, length, dtype=torch.long, device=self.device)
+        self.labels = torch.zeros(size, length, dtype=torch.long, device=self.device)
+        self.puzzle_ids = torch.zeros(size, dtype=torch.long, device=self.device)
+        self.steps = torch.zeros(size, dtype=torch.long, device=self.device)
+        self.halted = torch.ones(size, dtype=torch.bool, device=self.device)
+
+    def next(self, step: int, n: int) -> tuple[dict[str, torch.Tensor], torch.Tensor, dict, Any]:
+        fresh = self.halted
+        count = int(fresh.sum())
+        if count:
+            rng = np.random.default_rng([self.tc.seed, _REFILL_STREAM, self.ctx.rank, step * self.n_sup + n])
+            inputs, labels, puzzle_ids = draw_examples(self.task, self.split, rng, count, self.tc.augment)
+            self.inputs[fresh], self.labels[fresh] = inputs.to(self.device), labels.to(self.device)
+            self.puzzle_ids[fresh] = puzzle_ids.to(self.device)
+            self.steps[fresh] = 0
+            self.loaded += count
+        self.batch = {"inputs": self.inputs}
+        if self.model.config.puzzles:
+            self.batch["puzzle_ids"] = self.puzzle_ids
+        if count:
+            initial = self.model.initial_carry(self.batch)
+            self.carry = {
+                key: torch.where(fresh.view(-1, *[1] * (value.dim() - 1)), value, self.carry.get(key, value))
+                for key, value in initial.items()
+            }
+        self.halted = torch.zeros_like(self.halted)
+        return self.batch, self.labels, self.carry, self.steps == self.n_sup - 1
+
+    @torch.no_grad()
+    def advance(self, carry: dict[str, torch.Tensor], out: Any, last: Any) -> dict[str, float]:
+        self.carry = carry
+        self.steps += 1
+        q_halt = out.halt_logit.float()
+        if self.model.config.halting == "q-learning":
+            halts = q_halt > out.continue_logit.float()
+        else:
+            halts = q_halt > 0
+        explore = torch.rand(len(halts), device=halts.device) < self.tc.halt_exploration
+        held_for = torch.randint(2, self.n_sup + 1, (len(halts),), device=halts.device)
+        halts &= self.steps >= torch.where(explore, held_for, 0)
+        self.halted = halts | (self.steps >= self.n_sup)
+        exact = answer_exact(out.logits.float(), self.labels)[self.halted]
+        return {
+            "finished": float(self.halted.sum()),
+            "finished_exact": float(exact.sum()),
+            "finished_steps": float(self.steps[self.halted].sum()),
+        }
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The samples in flight (CPU tensors)."""
+        state = {"inputs": self.inputs, "labels": self.labels, "puzzle_ids": self.puzzle_ids}
+        state |= {"steps": self.steps, "halted": self.halted}
+        state |= {f"carry.{key}": value for key, value in self.carry.items()}
+        return {key: value.detach().cpu().contiguous() for key, value in state.items()}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        for key in ("inputs", "labels", "puzzle_ids", "steps", "halted"):
+            getattr(self, key).copy_(state[key])
+        self.carry = {
+            key.removeprefix("carry."): value.to(self.device)
+            for key, value in state.items()
+            if key.startswith("carry.")
+        }
 
 
 # Loss ----------------------------------------------------------------------------------------------------------
@@ -233,9 +407,8 @@ def supervision_loss(
     if getattr(out, "loss", None) is not None:  # the generative baselines' own objective (AR, MDLM)
         ce = out.loss.float().mean()
     with torch.no_grad():
-        hits = (logits.argmax(-1) == labels) & mask
-        accuracy = hits.sum(-1) / scored
-        exact = (hits | ~mask).all(-1).float()
+        accuracy = ((logits.argmax(-1) == labels) & mask).sum(-1) / scored
+        exact = answer_exact(logits, labels).float()
     kl = out.kl.float().mean()
     halt = F.binary_cross_entropy_with_logits(out.halt_logit.float(), exact)
     if continue_target is not None:
@@ -259,7 +432,7 @@ def next_step_continue_target(
     carry: dict[str, torch.Tensor],
     batch: dict[str, torch.Tensor],
     labels: torch.Tensor,
-    last: bool,
+    last: bool | torch.Tensor,
 ) -> torch.Tensor:
     """The Q-learning target of ``q_continue`` for the supervision step that returned ``carry``: one more
     step without gradient from that (detached) carry, with the current weights, then
@@ -284,10 +457,38 @@ class _TrainingWeights:
 
     def __init__(self, model: Reasoner, ema: Reasoner) -> None:
         self.model, self.ema = model, ema
+        self.slots: list[
+            dict[str, torch.Tensor]
+        ] = []  # every rank's samples in flight (train.replace_halted)
 
     def save_pretrained(self, path: str | Path) -> None:
         self.ema.save_pretrained(path)
         self.model.save_pretrained(path, weights=TRAIN_WEIGHTS)
+        if self.slots:
+            tensors = {
+                f"{rank}.{key}": value
+                for rank, state in enumerate(self.slots)
+                for key, value in state.items()
+            }
+            save_file(tensors, Path(path) / SLOTS_FILE)
+
+
+def _restore_slots(
+    samples: FixedBatches, checkpoint: Path, ctx: dist.DistContext, log: Callable[[str], None] | None
+) -> None:
+    """Put back the samples in flight of a ``train.replace_halted`` checkpoint; without them (another process
+    count or batch size, or a checkpoint written without replacement) the slots start with fresh samples."""
+    file, prefix = checkpoint / SLOTS_FILE, f"{ctx.rank}."
+    saved = load_file(str(file)) if file.is_file() else {}
+    state = {key.removeprefix(prefix): value for key, value in saved.items() if key.startswith(prefix)}
+    mine = samples.state_dict()  # no carry yet: that comes with the first samples
+    if not mine.keys() <= state.keys() or any(state[k].shape != mine[k].shape for k in mine):
+        if log:
+            log(
+                f"{checkpoint.name} holds no samples in flight for these slots: they start with fresh samples"
+            )
+        return
+    samples.load_state_dict(state)
 
 
 def _check_architecture(checkpoint: Path, model: Reasoner) -> None:
@@ -474,6 +675,11 @@ def train_reasoner(
     last_saved, saved_step = checkpoint, (start_step if checkpoint is not None else -1)
     stopped, step = "steps", start_step
     wrapped = _TrainingWeights(model, ema)
+    samples = (HaltedReplacement if tc.replace_halted else FixedBatches)(
+        model, task, data["train"], tc, ctx, device
+    )
+    if tc.replace_halted and checkpoint is not None:
+        _restore_slots(samples, checkpoint, ctx, log)
     phase = f"{progress} train" if isinstance(progress, str) else "train"
     bar = _ProgressBar(bool(progress), tc.steps, start_step, phase, "ex/s", budget_s, started)
 
@@ -490,6 +696,7 @@ def train_reasoner(
     def save(at: int) -> Path:
         # Every rank hands its RNG states to rank 0, which alone writes the checkpoint.
         rank_rng = dist.gather_objects(capture_rank_rng(), ctx)
+        wrapped.slots = dist.gather_objects(samples.state_dict(), ctx) if tc.replace_halted else []
         path = out / "checkpoints" / checkpoint_name(at)
         if ctx.is_main:
             path = save_checkpoint(
@@ -508,16 +715,9 @@ def train_reasoner(
                     stopped = "budget"
                     break
                 tick = time.perf_counter()
-                inputs, labels, puzzle_ids = train_batch(
-                    task, data["train"], step, tc.batch_size, tc.seed, tc.augment
-                )
                 torch.manual_seed(model_noise_seed(tc.seed, step, ctx.rank))
-                inputs, labels = dist.shard(inputs, ctx).to(device), dist.shard(labels, ctx).to(device)
-                batch = {"inputs": inputs}
-                if config.model.puzzles:
-                    batch["puzzle_ids"] = dist.shard(puzzle_ids, ctx).to(device)
-                carry = model.initial_carry(batch)
                 for n in range(n_sup):
+                    batch, labels, carry, last = samples.next(step, n)
                     update = step * n_sup + n
                     lr = lr_at(update, tc.lr, tc.warmup_steps, total_updates, tc.min_lr_ratio)
                     set_lr(optimizer, lr)
@@ -525,7 +725,7 @@ def train_reasoner(
                         carry, output = model(carry, batch, target=labels)
                         target_q = None
                         if config.model.halting == "q-learning":
-                            target_q = next_step_continue_target(model, carry, batch, labels, n == n_sup - 1)
+                            target_q = next_step_continue_target(model, carry, batch, labels, last)
                         loss, parts = supervision_loss(output, labels, config.model.beta, tc, target_q)
                     value = float(loss.detach())
                     if ctx.enabled:  # equal shards: the mean over ranks is the loss of the whole batch
@@ -548,24 +748,30 @@ def train_reasoner(
                     with torch.no_grad():
                         torch._foreach_lerp_(ema_params, params, 1.0 - ema_decay(tc.ema, update))
                     carry = {k: v.detach() for k, v in carry.items()}
+                    # The samples that finished: their answer is what inference would return.
+                    finished = samples.advance(carry, output, last)
                     losses.append(value)
-                    for key, v in {"loss": value, "grad_norm": float(grad_norm), **parts}.items():
+                    for key, v in {"loss": value, "grad_norm": float(grad_norm), **parts, **finished}.items():
                         window[key] = window.get(key, 0.0) + v
                     window["n"] = window.get("n", 0.0) + 1
-                # Accuracy after the batch's last supervision step is what inference would return.
-                window["final_exact"] = window.get("final_exact", 0.0) + parts["exact"]
-                window["batches"] = window.get("batches", 0.0) + 1
+                (loaded,) = dist.all_reduce_sum([samples.take_loaded()], ctx)
+                window["loaded"] = window.get("loaded", 0.0) + loaded
                 window["time"] = window.get("time", 0.0) + time.perf_counter() - tick
                 step += 1
-                examples_seen += tc.batch_size
+                examples_seen += int(loaded)
                 accuracy = last_eval["accuracy"] if last_eval is not None else None
-                bar.update(step, value, tc.batch_size / max(time.perf_counter() - tick, 1e-9), accuracy)
+                bar.update(step, value, loaded / max(time.perf_counter() - tick, 1e-9), accuracy)
                 if step % tc.log_every == 0 or step == end_step:
-                    n_total, batches = window.pop("n"), window.pop("batches")
+                    n_total = window.pop("n")
                     record: dict[str, Any] = {"kind": "train", "step": step, "lr": lr}
                     record.update({k: window[k] / n_total for k in ("loss", "grad_norm", *parts)})
-                    record["final_exact"] = window["final_exact"] / batches
-                    record["examples_per_s"] = batches * tc.batch_size / max(window["time"], 1e-9)
+                    done, done_exact, done_steps = dist.all_reduce_sum(
+                        [window.get(k, 0.0) for k in ("finished", "finished_exact", "finished_steps")], ctx
+                    )
+                    record["final_exact"] = done_exact / max(done, 1.0)
+                    if tc.replace_halted:
+                        record["halt_steps"] = done_steps / max(done, 1.0)
+                    record["examples_per_s"] = window["loaded"] / max(window["time"], 1e-9)
                     record["examples_seen"] = examples_seen
                     record["elapsed_s"] = round(time.perf_counter() - started, 3)
                     metrics.write(record)
@@ -573,6 +779,11 @@ def train_reasoner(
                         log(
                             f"step {step:>6}  loss {record['loss']:.4f}  ce {record['ce']:.4f}  kl {record['kl']:.3f}"
                             f"  exact {record['final_exact']:.3f}  {record['examples_per_s']:.1f} ex/s"
+                            + (
+                                f"  halted after {record['halt_steps']:.1f} steps"
+                                if "halt_steps" in record
+                                else ""
+                            )
                         )
                     window = {}
                 if tc.eval_every and tc.eval_size and step % tc.eval_every == 0 and step < end_step:

@@ -52,16 +52,19 @@ def _fill_missing_continue_head(module: HaltHead, state_dict: dict[str, Any], pr
             state_dict[key] = getattr(module.continue_proj, name).detach().clone()
 
 
-def continue_target(q_halt_next: torch.Tensor, q_continue_next: torch.Tensor, last: bool) -> torch.Tensor:
+def continue_target(
+    q_halt_next: torch.Tensor, q_continue_next: torch.Tensor, last: bool | torch.Tensor
+) -> torch.Tensor:
     """HRM's bootstrapped target for ``q_continue`` of a supervision step, from the Q logits of the *next*
     step (run without gradient from this step's carry).
 
     Continuing is worth what the best action of the next step is worth, ``sigmoid(max(q_halt', q_continue'))``.
     At the last supervision step (``last``) continuing runs past ``n_sup``, where the model has to halt, so the
-    target is ``sigmoid(q_halt')``.
+    target is ``sigmoid(q_halt')``. ``last`` may be a ``[B]`` bool tensor when samples are at different steps.
     """
     q_halt_next, q_continue_next = q_halt_next.float(), q_continue_next.float()
-    best = q_halt_next if last else torch.maximum(q_halt_next, q_continue_next)
+    last = torch.as_tensor(last, device=q_halt_next.device)
+    best = torch.where(last, q_halt_next, torch.maximum(q_halt_next, q_continue_next))
     return torch.sigmoid(best)
 
 
