@@ -241,14 +241,8 @@ class FixedBatches:
         ctx: dist.DistContext,
         device: str,
     ) -> None:
-        self.model, self.task, self.split, self.tc, self.ctx, self.device = (
-            model,
-            task,
-            split,
-            tc,
-            ctx,
-            device,
-        )
+        self.model, self.task, self.split = model, task, split
+        self.tc, self.ctx, self.device = tc, ctx, device
         self.n_sup = model.config.n_sup
         self.batch: dict[str, torch.Tensor] = {}
         self.labels = torch.empty(0)
@@ -278,7 +272,7 @@ class FixedBatches:
         """Take the carry a supervision step returned; the samples that finished and how (``finished``,
         ``finished_exact``, ``finished_steps``: sums over this rank's samples)."""
         self.carry = carry
-        if last is not True:
+        if not last:
             return {}
         exact = answer_exact(out.logits.float(), self.labels)
         return {
@@ -457,9 +451,8 @@ class _TrainingWeights:
 
     def __init__(self, model: Reasoner, ema: Reasoner) -> None:
         self.model, self.ema = model, ema
-        self.slots: list[
-            dict[str, torch.Tensor]
-        ] = []  # every rank's samples in flight (train.replace_halted)
+        # Every rank's samples in flight (train.replace_halted), gathered before each save.
+        self.slots: list[dict[str, torch.Tensor]] = []
 
     def save_pretrained(self, path: str | Path) -> None:
         self.ema.save_pretrained(path)
