@@ -306,7 +306,7 @@ class HaltedReplacement(FixedBatches):
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
-        size = dist.shard(torch.zeros(self.tc.batch_size), self.ctx).numel()
+        size = self.tc.batch_size // self.ctx.world_size  # equal shards (dist.check_batch)
         length = self.model.config.seq_len
         self.inputs = torch.zeros(size, length, dtype=torch.long, device=self.device)
         self.labels = torch.zeros(size, length, dtype=torch.long, device=self.device)
