@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 
 from latentloop.cli import main
 from latentloop.errors import UsageError
+from latentloop.eval.reasoners import evaluate_model, markdown_table
 from latentloop.infer.scaling import select_sample, solve
 from latentloop.models.reasoners import ReasonerConfig, build_reasoner
+from latentloop.tasks.base import get_task
 
 
 def test_vote_selects_the_most_frequent_answer():
@@ -83,6 +86,18 @@ def test_solve_rejects_a_puzzle_of_the_wrong_size():
         solve(_model("trm"), torch.ones(1, 9, dtype=torch.long))
 
 
+def test_evaluation_with_halting_keeps_each_samples_answer_from_its_halting_step():
+    task = get_task("nqueens", n=4)
+    model = _model("looped")
+    torch.nn.init.constant_(model.halt_head.proj.bias, 10.0)  # every sample halts after its first step
+    inputs = np.stack([task.encode(task.parse("." * 16))] * 2).astype(np.int64)
+    report = evaluate_model(model, task, inputs, samples=2, steps=3, halt=True, progress=False)
+    assert report["halt"] and report["mean_halt_step"] == 1.0
+    assert "halted by the Q-head" in markdown_table(report)
+    plain = evaluate_model(model, task, inputs, samples=2, steps=3, progress=False)
+    assert "halt" not in plain
+
+
 # Command line ------------------------------------------------------------------------------------------------
 TRAIN = [
     "train", "--task", "nqueens:n=5", "--model", "gram", "--steps", "2", "--quiet",
@@ -107,6 +122,9 @@ def test_eval_end_to_end(run, capsys):
     assert 0 <= report["coverage"] <= 1 and 0 <= report["accuracy"] <= 1
     for name in ("eval.json", "eval.md", "eval_curves.png"):
         assert (run / name).is_file()
+    assert main(["eval", str(run), "--samples", "2", "--steps", "2", "--limit", "2", "--halt", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["halt"] and 1 <= report["mean_halt_step"] <= 2
 
 
 def test_solve_with_model(run, capsys):

@@ -246,6 +246,9 @@ def eval_command(
     select: str = typer.Option("vote", "--select", help="Puzzle models: vote, value or first."),
     temperature: float = TEMPERATURE,
     seed: int = typer.Option(0, "--seed", help="Puzzle models: seed of the sampling noise."),
+    halt: bool = typer.Option(
+        False, "--halt", help="Puzzle models: a sample keeps its answer from the step its Q-head halts at."
+    ),
     json_output: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
     """Held-out accuracy (or perplexity) at each test-time depth; writes eval.json, eval.md, eval_depth.png.
@@ -271,6 +274,7 @@ def eval_command(
             task=task,
             temperature=temperature,
             seed=seed,
+            halt=halt,
         )
         typer.echo(json.dumps(report) if json_output else reasoner_table(report).rstrip())
         if not json_output:

@@ -105,7 +105,7 @@ def evaluate_model(
     if select not in SELECTIONS:
         raise UsageError(f"--select must be one of {', '.join(SELECTIONS)}, got {select!r}")
     per_sample = max(1, batch_size // samples)
-    preds, vals = [], []
+    preds, vals, halts = [], [], []
     show = sys.stderr.isatty() if progress is None else progress
     with tqdm(total=len(inputs), desc=label, unit="puzzle", disable=not show, leave=False) as bar:
         for start in range(0, len(inputs), per_sample):
@@ -115,8 +115,10 @@ def evaluate_model(
             )
             preds.append(result.predictions.numpy().astype(np.uint8))
             vals.append(result.values.numpy())
+            halts.append(result.halted_at.numpy())
             bar.update(len(x))
     predictions, values = np.concatenate(preds, axis=2), np.concatenate(vals, axis=2)
+    halted_at = np.concatenate(halts, axis=1)  # [K, N]: the step whose answer each sample kept
     steps = predictions.shape[0]
     violations, key_ids, puzzles = _judge(task, inputs, predictions)
     valid = violations == 0
@@ -145,6 +147,9 @@ def evaluate_model(
     }
     if hasattr(model, "sample") or model.stochastic:  # AR and MDLM draw tokens, GRAM its noise
         report["temperature"] = temperature
+    if halt:
+        report["halt"] = True
+        report["mean_halt_step"] = float(halted_at.mean())
     chosen = _selected(key_ids[-1], values[-1], select)
     if task.name == "graph-coloring":
         conflicts = violations[-1, chosen, idx]
@@ -272,12 +277,14 @@ def evaluate_reasoner(
     seed: int = 0,
     progress: bool | None = None,
     label: str = "evaluating",
+    halt: bool = False,
     **_: Any,
 ) -> dict[str, Any]:
     """Evaluate a run's newest checkpoint on its test split; writes the reports into the run folder.
     ``temperature`` is the sampling temperature of the AR and MDLM baselines (0: greedy) and the scale of GRAM's
     prior noise (0: the prior's mean); ``seed`` seeds the models' sampling noise, so the same call gives the
-    same report (the caller's RNG state is kept).
+    same report (the caller's RNG state is kept). ``halt``: each sample keeps the answer of the step at which
+    its Q-head halts (see :func:`~latentloop.infer.scaling.solve`).
     ``progress`` and ``label``: the progress bar of :func:`evaluate_model`."""
     if samples < 1 or (steps is not None and steps < 1):
         raise UsageError("--samples and --steps must be at least 1")
@@ -288,6 +295,8 @@ def evaluate_reasoner(
         if model.config.puzzles:
             from latentloop.eval.arc import evaluate_arc
 
+            if halt:
+                raise UsageError("--halt is not available for ARC runs: they are evaluated at a fixed depth")
             puzzles = dataset.metadata.get("puzzles", {})
             report = evaluate_arc(
                 model, the_task, dataset.split("test"), puzzles, samples, steps, select, batch_size, limit
@@ -305,6 +314,7 @@ def evaluate_reasoner(
                 temperature=temperature,
                 progress=progress,
                 label=label,
+                halt=halt,
             )
     report = {"run": str(run), "checkpoint": str(checkpoint), "model": model.arch, "seed": seed, **report}
     if write:
@@ -365,6 +375,8 @@ def markdown_table(report: dict[str, Any]) -> str:
         f"| accuracy ({report['select']}, {report['samples']} samples, {report['steps']} steps) | "
         f"{100 * report['accuracy']:.1f}% |",
     ]
+    if report.get("halt"):
+        lines.append(f"| samples halted by the Q-head, at step (mean) | {report['mean_halt_step']:.2f} |")
     for mode, value in report["accuracy_by_select"].items():
         lines.append(f"| accuracy, select {mode} | {100 * value:.1f}% |")
     lines.append(f"| any sample valid (oracle) | {100 * report['oracle_accuracy']:.1f}% |")
