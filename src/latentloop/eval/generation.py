@@ -209,8 +209,9 @@ def sample_blanks(
 
     Every sample goes through :func:`~latentloop.infer.scaling.solve` as one of its K parallel samples of the
     blank puzzle (at most ``batch_size`` per call), so GRAM draws fresh prior noise per sample (its scale
-    times ``temperature``), AR and MDLM sample at ``temperature``, and ``steps`` means what it means for ``solve`` (supervision steps, MDLM's
-    unmasking steps). Randomness comes from torch's global RNG: seed it for repeatable samples.
+    times ``temperature``), AR and MDLM sample at ``temperature``, and ``steps`` means what it means for
+    ``solve`` (supervision steps, MDLM's unmasking steps). Randomness comes from torch's global RNG: seed it
+    for repeatable samples.
     """
     if n < 1:
         raise UsageError(f"--n must be at least 1, got {n}")
@@ -306,9 +307,8 @@ def sample_run(
         "valid_fraction": valid / n,
         "distinct": len({np.asarray(row).tobytes() for row in tokens}),
     }
-    if (
-        hasattr(model, "sample") or model.stochastic
-    ):  # AR and MDLM draw tokens, GRAM its noise, at a temperature
+    # AR and MDLM draw tokens at a temperature, GRAM its noise; the deterministic reasoners decode argmax.
+    if hasattr(model, "sample") or model.stochastic:
         report["temperature"] = temperature
     if image:
         images = np.stack(answers)
