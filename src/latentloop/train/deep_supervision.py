@@ -313,6 +313,10 @@ class HaltedReplacement(FixedBatches):
         self.puzzle_ids = torch.zeros(size, dtype=torch.long, device=self.device)
         self.steps = torch.zeros(size, dtype=torch.long, device=self.device)
         self.halted = torch.ones(size, dtype=torch.bool, device=self.device)
+        # The slots are refilled in place, so the batch is built once.
+        self.batch = {"inputs": self.inputs}
+        if self.model.config.puzzles:
+            self.batch["puzzle_ids"] = self.puzzle_ids
 
     def next(self, step: int, n: int) -> tuple[dict[str, torch.Tensor], torch.Tensor, dict, Any]:
         fresh = self.halted
@@ -324,10 +328,6 @@ class HaltedReplacement(FixedBatches):
             self.puzzle_ids[fresh] = puzzle_ids.to(self.device)
             self.steps[fresh] = 0
             self.loaded += count
-        self.batch = {"inputs": self.inputs}
-        if self.model.config.puzzles:
-            self.batch["puzzle_ids"] = self.puzzle_ids
-        if count:
             initial = self.model.initial_carry(self.batch)
             self.carry = {
                 key: torch.where(fresh.view(-1, *[1] * (value.dim() - 1)), value, self.carry.get(key, value))
