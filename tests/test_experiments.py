@@ -94,6 +94,7 @@ def test_budget_is_split_between_models(tmp_path):
         ({"eval": {"samples": 0}}, "eval.samples"),
         ({"eval": {"sample": 3}}, "unknown eval keys"),
         ({"eval": {"temperature": -1}}, "eval.temperature"),
+        ({"eval": {"fit_value": -1}}, "eval.fit_value"),
     ],
 )
 def test_bad_experiment_files_are_usage_errors(tmp_path, changes, message):
@@ -148,6 +149,27 @@ def test_overrides_change_every_model_and_the_evaluation(tmp_path):
     # The finished model was trained otherwise: rerunning without the override is refused, not mixed.
     with pytest.raises(UsageError, match="trained with overrides"):
         run_experiment(load_experiment(path), tmp_path / "out", progress=False, log=lambda _: None)
+
+
+def test_fit_value_fits_gram_s_value_head_before_evaluating_and_a_rerun_keeps_it(tmp_path):
+    path = str(write_experiment(tmp_path))
+    out = tmp_path / "out"
+    lines: list[str] = []
+    results = run_experiment(
+        load_experiment(path, ["eval.fit_value=2"]), out, progress=False, log=lines.append
+    )
+    gram, trm = results["models"]["gram"]["eval"], results["models"]["trm"]["eval"]
+    assert gram["value_fit"]["steps"] == 2 and gram["value_head"] == "fitted"
+    assert "value_fit" not in trm and trm["value_head"] == "trained"  # deterministic: nothing to rank
+    assert len(list((out / "gram" / "checkpoints").glob("*/value_head.safetensors"))) == 1
+    assert "gram's value head was fitted to its own samples" in report_markdown(results)
+    assert sum("fitting the value head" in line for line in lines) == 1
+    lines.clear()
+    run_experiment(load_experiment(path, ["eval.fit_value=2"]), out, progress=False, log=lines.append)
+    assert (
+        not any("fitting" in line for line in lines)
+        and sum("evaluated already" in line for line in lines) == 2
+    )
 
 
 def test_run_rejects_unwritable_output_folder(tmp_path, capsys):

@@ -64,6 +64,8 @@ class EvalSpec:
     select: str = "vote"
     seed: int = 0  # of the models' sampling noise: a rerun evaluates alike
     temperature: float = 1.0  # AR and MDLM: of their token draws; GRAM: scale of its prior noise
+    # GRAM: updates of a value head fitted to its own samples before evaluating (latentloop fit-value); 0: off
+    fit_value: int = 0
     depths: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32])  # kind: lm only
 
 
@@ -147,7 +149,8 @@ def load_experiment(name_or_path: str, overrides: Sequence[str] = ()) -> Experim
         own = [str(o) for o in entry.get("overrides") or []]
         specs.append(ModelSpec(str(model), config, [*own, *run_overrides]))
     raw_eval = data.get("eval") or {}
-    unknown = set(raw_eval) - {"samples", "steps", "limit", "select", "seed", "temperature", "depths"}
+    known = {"samples", "steps", "limit", "select", "seed", "temperature", "depths", "fit_value"}
+    unknown = set(raw_eval) - known
     if unknown:
         raise UsageError(f"{path}: unknown eval keys {', '.join(sorted(unknown))}")
     try:
@@ -159,6 +162,8 @@ def load_experiment(name_or_path: str, overrides: Sequence[str] = ()) -> Experim
             raise UsageError(f"{path}: eval.{key} must be at least 1")
     if not float(evaluation.temperature) >= 0:
         raise UsageError(f"{path}: eval.temperature must be at least 0")
+    if int(evaluation.fit_value) < 0:
+        raise UsageError(f"{path}: eval.fit_value must be at least 0")
     depths = evaluation.depths
     if not isinstance(depths, list) or not depths or not all(isinstance(d, int) and d >= 1 for d in depths):
         raise UsageError(f"{path}: eval.depths must be a list of positive integers")
@@ -323,6 +328,9 @@ def _evaluate_model(
     # The generative baselines decode with their own loop (AR: one pass; MDLM: its unmasking steps), so the
     # experiment's supervision-step count does not apply to them: they use their own default.
     steps = None if hasattr(REASONERS[arch], "sample") else settings.steps
+    fit_steps = (
+        settings.fit_value if REASONERS[arch].stochastic and not hasattr(REASONERS[arch], "sample") else 0
+    )
     wanted = {"samples": settings.samples, "select": settings.select, "seed": settings.seed}
     report = _read_json(folder / "eval.json")
     if (
@@ -331,9 +339,11 @@ def _evaluate_model(
         and report.get("limit") == settings.limit
         and report.get("temperature", 1.0) == settings.temperature
         and report.get("requested_steps", report.get("steps")) == steps
+        and report.get("value_fit", {}).get("steps", 0) == fit_steps
     ):
         log(f"{spec.name}: evaluated already, skipping")
         return report
+    value_fit = _fit_value(spec, folder, fit_steps, settings, log, progress) if fit_steps else None
     log(f"{spec.name}: evaluating ({settings.samples} samples, steps 1..{steps or 'model default'})")
     report = evaluate_reasoner(
         folder,
@@ -347,8 +357,34 @@ def _evaluate_model(
         label=f"{spec.name}: evaluating",
     )
     report["limit"], report["requested_steps"] = settings.limit, steps
+    if value_fit is not None:
+        report["value_fit"] = value_fit
     _write_json(folder / "eval.json", report)
     return report
+
+
+def _fit_value(
+    spec: ModelSpec, folder: Path, steps: int, settings: EvalSpec, log: Callable[[str], None], progress: bool
+) -> dict[str, Any]:
+    """Fit a value head to the run's own samples (:func:`latentloop.train.value.fit_value_head`) and save it
+    beside the checkpoint the evaluation loads."""
+    from latentloop.eval.reasoners import load_run, run_dataset
+    from latentloop.train.value import fit_value_head, save_value_head
+
+    log(f"{spec.name}: fitting the value head to its own samples ({steps} updates)")
+    model, task, checkpoint, _ = load_run(folder)
+    split = run_dataset(folder, folder).split("train")
+    head, summary = fit_value_head(
+        model,
+        task,
+        split,
+        steps,
+        seed=settings.seed,
+        temperature=settings.temperature,
+        progress=None if progress else False,
+    )
+    summary["file"] = str(save_value_head(head, checkpoint, summary))
+    return summary
 
 
 def machine() -> dict[str, Any]:
@@ -620,6 +656,20 @@ def report_markdown(results: dict[str, Any], command: str | None = None) -> str:
             paper = results["paper"].get(r["model"], {})
             line += " " + (" / ".join(f"{k} {v:g}" for k, v in paper.items()) or "-") + " |"
         lines.append(line)
+    fitted = {
+        name: row["eval"]["value_fit"]
+        for name, row in results["models"].items()
+        if "value_fit" in row["eval"]
+    }
+    for name, fit in fitted.items():
+        auc = "n/a" if fit.get("held_out_auc") is None else f"{fit['held_out_auc']:.3f}"
+        lines += [
+            "",
+            f"{name}'s value head was fitted to its own samples after training (`latentloop fit-value`, "
+            f"{fit['steps']} updates on {fit['rollouts']:,} rollouts, {fit['seconds']:.0f} s, not counted in "
+            f"the training budget); ROC AUC for a valid answer on {fit['held_out_rollouts']} fresh rollouts: "
+            f"{auc}.",
+        ]
     curves = {name: row["eval"] for name, row in results["models"].items()}
     steps = sorted({p["steps"] for report in curves.values() for p in report["curve_steps"]})
     shown_steps = [s for s in steps if s <= 4 or s in (8, 16, 32) or s == steps[-1]]

@@ -290,3 +290,52 @@ def eval_command(
     typer.echo(markdown_table(report).rstrip())
     for path in report.get("written", []):
         typer.echo(f"wrote {path}")
+
+
+@app.command("fit-value")
+def fit_value_command(
+    run: str = typer.Argument(..., help="GRAM run folder (its newest checkpoint) or checkpoint folder."),
+    steps: int = typer.Option(300, "--steps", help="Updates of the value head."),
+    batch_size: int = typer.Option(64, "--batch-size", help="Training puzzles rolled out per update."),
+    lr: float = typer.Option(1e-3, "--lr", help="AdamW learning rate of the value head."),
+    held_out: int = typer.Option(256, "--held-out", help="Fresh rollouts that measure the fitted head."),
+    temperature: float = TEMPERATURE,
+    seed: int = typer.Option(0, "--seed", help="Seed of the puzzles drawn and the sampling noise."),
+    json_output: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+) -> None:
+    """Fit GRAM's value head (LPRM) to the model's own samples: each step of its prior rollouts of training
+    puzzles, labelled by the task's verifier. Writes value_head.safetensors into the checkpoint, which eval,
+    solve and `--select value` then use."""
+    if not _checkpoint_type(run).startswith("reasoner-"):
+        raise UsageError(f"{run} is not a puzzle-reasoner run: fit-value fits the value head of GRAM")
+    from latentloop.eval.reasoners import load_run, run_dataset
+    from latentloop.train.value import fit_value_head, save_value_head
+
+    model, task, checkpoint, folder = load_run(run)
+    if not model.stochastic or getattr(model, "sample", None) is not None:
+        raise UsageError(
+            f"{run} is a {model.arch} model: value selection ranks GRAM's samples "
+            "(deterministic models draw identical ones; ar and mdlm rank by their own scores)"
+        )
+    split = run_dataset(run, folder).split("train")
+    head, summary = fit_value_head(
+        model, task, split, steps, batch_size, lr, seed, held_out, temperature, progress=None
+    )
+    summary["file"] = str(save_value_head(head, checkpoint, summary))
+    if json_output:
+        typer.echo(json.dumps(summary))
+        return
+
+    def auc(value: float | None) -> str:
+        return "n/a (one class only)" if value is None else f"{value:.3f}"
+
+    typer.echo(
+        f"fitted on {summary['rollouts']} rollouts ({summary['examples']} states) in {summary['seconds']} s, "
+        f"final loss {summary['loss']:.4f}"
+    )
+    typer.echo(
+        f"held-out rollouts: {summary['held_out_rollouts']}, {summary['held_out_valid']:.1%} of states valid; "
+        f"ROC AUC {auc(summary['held_out_auc'])} (the model's current value head: "
+        f"{auc(summary['current_head_auc'])})"
+    )
+    typer.echo(f"wrote {summary['file']}")

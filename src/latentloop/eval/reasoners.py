@@ -21,6 +21,7 @@ from tqdm import tqdm
 from latentloop.errors import UsageError
 from latentloop.infer.scaling import SELECTIONS, select_sample, solve
 from latentloop.models.reasoners import Reasoner, load_reasoner, num_parameters
+from latentloop.models.reasoners.heads import SequenceValueHead
 from latentloop.tasks.base import Task
 
 MULTI_SOLUTION = ("nqueens", "graph-coloring")
@@ -317,6 +318,8 @@ def evaluate_reasoner(
                 halt=halt,
             )
     report = {"run": str(run), "checkpoint": str(checkpoint), "model": model.arch, "seed": seed, **report}
+    # Which value head ranked the samples: the one trained with the model, or one fitted to its samples.
+    report["value_head"] = "fitted" if isinstance(model.value_head, SequenceValueHead) else "trained"
     if write:
         out = folder if folder is not None else checkpoint
         write_reports(report, out, the_task)
@@ -378,7 +381,8 @@ def markdown_table(report: dict[str, Any]) -> str:
     if report.get("halt"):
         lines.append(f"| samples halted by the Q-head, at step (mean) | {report['mean_halt_step']:.2f} |")
     for mode, value in report["accuracy_by_select"].items():
-        lines.append(f"| accuracy, select {mode} | {100 * value:.1f}% |")
+        head = f" ({report['value_head']} value head)" if mode == "value" and "value_head" in report else ""
+        lines.append(f"| accuracy, select {mode}{head} | {100 * value:.1f}% |")
     lines.append(f"| any sample valid (oracle) | {100 * report['oracle_accuracy']:.1f}% |")
     if "coverage" in report:
         lines.append(f"| coverage ({report['samples']} samples) | {100 * report['coverage']:.1f}% |")

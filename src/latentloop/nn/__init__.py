@@ -1,7 +1,15 @@
 """Shared building blocks: every model in latentloop is composed from these."""
 
 from latentloop.nn.attention import Attention, KVHook
-from latentloop.nn.blocks import BLOCKS, Block, PostNormBlock, PreNormBlock, SandwichBlock, compile_blocks
+from latentloop.nn.blocks import (
+    BLOCKS,
+    Block,
+    PostNormBlock,
+    PreNormBlock,
+    SandwichBlock,
+    SequenceMLPBlock,
+    compile_blocks,
+)
 from latentloop.nn.mlp import GatedMLP
 from latentloop.nn.norm import RMSNorm
 from latentloop.nn.rope import RotaryEmbedding, apply_rope, rope_frequencies
@@ -17,6 +25,7 @@ __all__ = [
     "RMSNorm",
     "RotaryEmbedding",
     "SandwichBlock",
+    "SequenceMLPBlock",
     "apply_rope",
     "compile_blocks",
     "rope_frequencies",

@@ -1,4 +1,5 @@
-"""Transformer block layouts: sandwich (huginn), pre-norm and post-norm, all attention + gated MLP."""
+"""Transformer block layouts: sandwich (huginn), pre-norm and post-norm (attention + gated MLP), and a post-norm
+block that mixes along the sequence with a gated MLP."""
 
 from __future__ import annotations
 
@@ -116,6 +117,23 @@ class PostNormBlock(_Block):
 
 
 BLOCKS = {"sandwich": SandwichBlock, "pre-norm": PreNormBlock, "post-norm": PostNormBlock}
+
+
+class SequenceMLPBlock(Block):
+    """A post-norm block whose token mixer is a gated MLP *over the sequence* (TRM's Sudoku variant)."""
+
+    def __init__(self, seq_len: int, dim: int, hidden: int, eps: float) -> None:
+        super().__init__()
+        self.mix = GatedMLP(seq_len, 2 * seq_len)
+        self.mlp = GatedMLP(dim, hidden)
+        self.norm_1 = RMSNorm(dim, eps)
+        self.norm_2 = RMSNorm(dim, eps)
+
+    def forward(
+        self, x: torch.Tensor, rope: torch.Tensor | None = None, causal: bool = False
+    ) -> torch.Tensor:
+        x = self.norm_1(x + self.mix(x.transpose(1, 2)).transpose(1, 2))
+        return self.norm_2(x + self.mlp(x))
 
 
 def compile_blocks(model: nn.Module) -> int:

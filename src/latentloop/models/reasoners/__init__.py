@@ -12,6 +12,7 @@ from latentloop.models.reasoners.ar import ARReasoner
 from latentloop.models.reasoners.base import Reasoner, ReasonerConfig, ReasonerOutput, num_parameters
 from latentloop.models.reasoners.direct import DirectReasoner
 from latentloop.models.reasoners.gram import GRAMReasoner
+from latentloop.models.reasoners.heads import VALUE_HEAD_FILE
 from latentloop.models.reasoners.hrm import HRMReasoner
 from latentloop.models.reasoners.looped import LoopedReasoner
 from latentloop.models.reasoners.mdlm import MDLMReasoner
@@ -29,7 +30,8 @@ def build_reasoner(arch: str, config: ReasonerConfig) -> Reasoner:
 
 
 def load_reasoner(checkpoint: str | Path, weights: str = "model.safetensors") -> Reasoner:
-    """The reasoner saved in checkpoint folder ``checkpoint`` (its ``config.json`` and ``weights``)."""
+    """The reasoner saved in checkpoint folder ``checkpoint`` (its ``config.json`` and ``weights``), with the
+    value head fitted to its samples when the folder holds one (``value_head.safetensors``)."""
     checkpoint = Path(checkpoint)
     try:
         data: dict[str, Any] = json.loads((checkpoint / "config.json").read_text())
@@ -38,6 +40,8 @@ def load_reasoner(checkpoint: str | Path, weights: str = "model.safetensors") ->
     data.pop("model_type", None)
     model = build_reasoner(str(data.pop("arch", "")), from_dict(ReasonerConfig, data, prefix="model."))
     model.load_weights(checkpoint / weights)
+    if weights == "model.safetensors" and (checkpoint / VALUE_HEAD_FILE).is_file():
+        model.load_fitted_value_head(checkpoint / VALUE_HEAD_FILE)
     return model
 
 

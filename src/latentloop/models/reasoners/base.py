@@ -30,8 +30,8 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from latentloop.errors import UsageError
-from latentloop.models.reasoners.heads import HALTING, HaltHead, ValueHead
-from latentloop.nn import BLOCKS, Block, GatedMLP, RMSNorm, RotaryEmbedding
+from latentloop.models.reasoners.heads import HALTING, HaltHead, SequenceValueHead, ValueHead
+from latentloop.nn import BLOCKS, RMSNorm, RotaryEmbedding, SequenceMLPBlock
 
 MIXERS = ("attention", "mlp")
 Carry = dict[str, torch.Tensor]
@@ -106,23 +106,7 @@ class ReasonerOutput:
     # used by the trainer in place of the CE of ``logits``; None for the models trained on that CE.
     loss: torch.Tensor | None = None
     continue_logit: torch.Tensor | None = None  # [B]  q_continue (Q-learning halting: halt when q_halt > it)
-
-
-class SequenceMLPBlock(Block):
-    """A post-norm block whose token mixer is a gated MLP *over the sequence* (TRM's Sudoku variant)."""
-
-    def __init__(self, seq_len: int, dim: int, hidden: int, eps: float) -> None:
-        super().__init__()
-        self.mix = GatedMLP(seq_len, 2 * seq_len)
-        self.mlp = GatedMLP(dim, hidden)
-        self.norm_1 = RMSNorm(dim, eps)
-        self.norm_2 = RMSNorm(dim, eps)
-
-    def forward(
-        self, x: torch.Tensor, rope: torch.Tensor | None = None, causal: bool = False
-    ) -> torch.Tensor:
-        x = self.norm_1(x + self.mix(x.transpose(1, 2)).transpose(1, 2))
-        return self.norm_2(x + self.mlp(x))
+    state: torch.Tensor | None = None  # [B, P + L, dim]  the latent the heads read
 
 
 class ReasoningModule(nn.Module):
@@ -219,6 +203,7 @@ class Reasoner(nn.Module):
             continue_logit=q_continue,
             value=self.value_head(state),
             kl=zeros if kl is None else kl,
+            state=state,
         )
 
     # -- the interface -------------------------------------------------------------------------------------
@@ -257,6 +242,18 @@ class Reasoner(nn.Module):
         except Exception as error:  # safetensors and load_state_dict raise several types
             reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             raise UsageError(f"checkpoint weights {file} do not load: {reason}") from None
+
+    def load_fitted_value_head(self, file: str | Path) -> None:
+        """Replace the trained value head by a :class:`SequenceValueHead` fitted to this model's samples
+        (``value_head.safetensors``, see :mod:`latentloop.train.value`)."""
+        c = self.config
+        head = SequenceValueHead(c.positions, c.dim, c.hidden, c.norm_eps)
+        try:
+            head.load_state_dict(load_file(str(file)))
+        except Exception as error:  # safetensors and load_state_dict raise several types
+            reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise UsageError(f"fitted value head {file} does not load: {reason}") from None
+        self.value_head = head.to(self.lm_head.weight.device)
 
 
 def num_parameters(model: nn.Module) -> int:

@@ -16,7 +16,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from latentloop.nn import SequenceMLPBlock
+
 HALTING = ("bce", "q-learning")
+VALUE_HEAD_FILE = "value_head.safetensors"  # a fitted SequenceValueHead beside a checkpoint's weights
 _INITIAL_BIAS = -5.0
 
 
@@ -80,3 +83,25 @@ class ValueHead(nn.Module):
 
     def forward(self, state: torch.Tensor) -> torch.Tensor:
         return torch.sigmoid(self.proj(state.float().mean(dim=1)).squeeze(-1))
+
+
+class SequenceValueHead(nn.Module):
+    """A value head that mixes the latent along the sequence before pooling: one :class:`SequenceMLPBlock`
+    over the ``positions`` states, then the mean state and a linear map to ``v(z) in (0, 1)``.
+
+    Whether an N-Queens board or a colouring is valid depends on pairs of positions, which the mean state
+    hides from a linear head; the block lets each position see every other first. It is the head that
+    :func:`latentloop.train.value.fit_value_head` fits to a trained model's own samples.
+    """
+
+    def __init__(self, positions: int, dim: int, hidden: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.block = SequenceMLPBlock(positions, dim, hidden, eps)
+        self.proj = nn.Linear(dim, 1)
+
+    def logit(self, state: torch.Tensor) -> torch.Tensor:
+        """``[B]`` logits of the value (the loss of fitting is computed on these, for stability)."""
+        return self.proj(self.block(state.float()).mean(dim=1)).squeeze(-1)
+
+    def forward(self, state: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(self.logit(state))
