@@ -378,7 +378,7 @@ def _fit_value(
         model,
         task,
         split,
-        steps,
+        steps=steps,
         seed=settings.seed,
         temperature=settings.temperature,
         progress=None if progress else False,

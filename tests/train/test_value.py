@@ -10,6 +10,7 @@ import torch
 
 import latentloop.train.value as value_module
 from latentloop.cli import main
+from latentloop.errors import UsageError
 from latentloop.eval.reasoners import load_run
 from latentloop.models.reasoners.heads import VALUE_HEAD_FILE, SequenceValueHead
 from latentloop.tasks.base import get_task
@@ -67,15 +68,16 @@ def test_the_fitting_loop_learns_a_verdict_that_depends_on_pairs_of_positions(gr
     generator = torch.Generator().manual_seed(0)
 
     def synthetic_rollouts(model, task, inputs, labels, puzzle_ids=None, temperature=1.0):
-        states = torch.randn(len(inputs), model.config.positions, model.config.dim, generator=generator)
+        shape = (model.config.n_sup * len(inputs), model.config.positions, model.config.dim)
+        states = torch.randn(*shape, generator=generator)
         return states, states[:, 0, 0] * states[:, 1, 0] > 0
 
     monkeypatch.setattr(value_module, "prior_rollouts", synthetic_rollouts)
     split = {key: np.asarray(value) for key, value in _train_split(folder).items()}
-    _, summary = fit_value_head(model, task, split, steps=300, batch_size=64, lr=3e-3, held_out=512)
+    _, summary = fit_value_head(model, task, split, rollouts=2048, steps=300, batch_size=64, lr=3e-3)
     assert summary["held_out_auc"] > 0.9
     assert 0.4 < summary["held_out_valid"] < 0.6
-    assert summary["examples"] == 300 * 64 * model.config.n_sup
+    assert summary["examples"] == 2048 * model.config.n_sup
 
 
 def _train_split(folder):
@@ -85,9 +87,8 @@ def _train_split(folder):
 
 
 def test_fit_value_writes_a_head_that_loading_and_value_selection_then_use(gram_run, capsys):
-    code = main(
-        ["fit-value", str(gram_run), "--steps", "2", "--batch-size", "4", "--held-out", "8", "--json"]
-    )
+    args = ["--rollouts", "8", "--steps", "2", "--batch-size", "4", "--held-out", "8", "--json"]
+    code = main(["fit-value", str(gram_run), *args])
     assert code == 0
     summary = json.loads(capsys.readouterr().out)
     checkpoint = latest_checkpoint(gram_run)
@@ -133,3 +134,9 @@ def test_fit_value_refuses_deterministic_models_and_folders_without_a_checkpoint
     assert not (latest_checkpoint(run) / VALUE_HEAD_FILE).exists()
     assert main(["fit-value", str(tmp_path / "nowhere")]) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_a_pool_of_latents_too_large_for_memory_is_refused_before_rolling_out(gram_run):
+    model, task, _, folder = load_run(gram_run)
+    with pytest.raises(UsageError, match=r"GiB of latents; use at most \d+"):
+        fit_value_head(model, task, _train_split(folder), rollouts=10**9)

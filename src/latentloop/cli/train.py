@@ -295,10 +295,11 @@ def eval_command(
 @app.command("fit-value")
 def fit_value_command(
     run: str = typer.Argument(..., help="GRAM run folder (its newest checkpoint) or checkpoint folder."),
-    steps: int = typer.Option(300, "--steps", help="Updates of the value head."),
-    batch_size: int = typer.Option(64, "--batch-size", help="Training puzzles rolled out per update."),
+    rollouts: int = typer.Option(12288, "--rollouts", help="Training puzzles rolled out from the prior."),
+    steps: int = typer.Option(1000, "--steps", help="Updates of the value head."),
+    batch_size: int = typer.Option(128, "--batch-size", help="Supervision steps of rollouts per update."),
     lr: float = typer.Option(1e-3, "--lr", help="AdamW learning rate of the value head."),
-    held_out: int = typer.Option(256, "--held-out", help="Fresh rollouts that measure the fitted head."),
+    held_out: int = typer.Option(512, "--held-out", help="Fresh rollouts that measure the fitted head."),
     temperature: float = TEMPERATURE,
     seed: int = typer.Option(0, "--seed", help="Seed of the puzzles drawn and the sampling noise."),
     json_output: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
@@ -319,7 +320,7 @@ def fit_value_command(
         )
     split = run_dataset(run, folder).split("train")
     head, summary = fit_value_head(
-        model, task, split, steps, batch_size, lr, seed, held_out, temperature, progress=None
+        model, task, split, rollouts, steps, batch_size, lr, seed, held_out, temperature, progress=None
     )
     summary["file"] = str(save_value_head(head, checkpoint, summary))
     if json_output:
@@ -330,12 +331,12 @@ def fit_value_command(
         return "n/a (one class only)" if value is None else f"{value:.3f}"
 
     typer.echo(
-        f"fitted on {summary['rollouts']} rollouts ({summary['examples']} states) in {summary['seconds']} s, "
-        f"final loss {summary['loss']:.4f}"
+        f"fitted on {summary['rollouts']} rollouts ({summary['examples']} latents), {summary['steps']} updates "
+        f"in {summary['seconds']} s; final loss {summary['loss']:.4f}"
     )
     typer.echo(
-        f"held-out rollouts: {summary['held_out_rollouts']}, {summary['held_out_valid']:.1%} of states valid; "
-        f"ROC AUC {auc(summary['held_out_auc'])} (the model's current value head: "
+        f"{summary['held_out_rollouts']} fresh rollouts, {summary['held_out_valid']:.1%} valid at the last step; "
+        f"ROC AUC there {auc(summary['held_out_auc'])} (the model's current value head: "
         f"{auc(summary['current_head_auc'])})"
     )
     typer.echo(f"wrote {summary['file']}")

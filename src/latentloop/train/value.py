@@ -42,17 +42,15 @@ from latentloop.train.deep_supervision import draw_examples
 class ValueFitResult:
     """What :func:`fit_value_head` did and how well the fitted head ranks fresh rollouts."""
 
-    steps: int
-    rollouts: int  # prior trajectories fitted on
-    examples: int  # (state, verdict) pairs: one per supervision step of each rollout
+    rollouts: int  # prior trajectories of training puzzles fitted on
+    examples: int  # (latent, verdict) pairs: one per supervision step of each rollout
+    steps: int  # AdamW updates of the head
     seconds: float
-    loss: float  # mean BCE of the last tenth of the updates
+    loss: float  # mean BCE over the last tenth of the updates
     held_out_rollouts: int
-    held_out_valid: float  # share of valid answers among the held-out states
-    held_out_auc: float | None  # ROC AUC of the fitted head on them (None when one class is missing)
-    current_head_auc: (
-        float | None
-    )  # the same for the value head the model had (trained with it, or fitted before)
+    held_out_valid: float  # share of the held-out rollouts whose last step is valid
+    held_out_auc: float | None  # ROC AUC of the fitted head at the last step (None when one class is missing)
+    current_head_auc: float | None  # the same for the value head the model had (trained with it, or fitted)
     file: str
 
 
@@ -120,43 +118,55 @@ def fit_value_head(
     model: Reasoner,
     task: Task,
     split: dict[str, np.ndarray],
-    steps: int = 300,
-    batch_size: int = 64,
+    rollouts: int = 12288,
+    steps: int = 1000,
+    batch_size: int = 128,
     lr: float = 1e-3,
     seed: int = 0,
-    held_out: int = 256,
+    held_out: int = 512,
     temperature: float = 1.0,
     augment: bool = True,
     progress: bool | None = None,
+    max_memory_gib: float = 8.0,
 ) -> tuple[SequenceValueHead, dict[str, Any]]:
     """Fit a fresh :class:`SequenceValueHead` to ``model``'s prior rollouts of ``split`` (see the module).
 
-    Each of ``steps`` AdamW updates draws ``batch_size`` puzzles (augmented like training batches), rolls them out
-    and takes one step on the BCE of all their supervision steps. ``held_out`` further rollouts, drawn from
-    another seed, measure the fitted head and the model's current one. Returns the head and a summary.
+    Rolling out is the costly part, so it is done once: ``rollouts`` training puzzles (augmented like training
+    batches) are rolled out and every supervision step's latent (in bf16) and verdict kept. ``steps`` AdamW
+    updates then each take the BCE of ``batch_size`` of those pairs drawn at random. ``held_out`` further
+    rollouts, drawn with another seed, measure the fitted head and the model's current one at the last step,
+    where ``--select value`` ranks. Returns the head and a summary (:class:`ValueFitResult` as a dict).
     """
-    if steps < 1 or batch_size < 1 or held_out < 0:
-        raise UsageError("--steps and --batch-size must be at least 1 and --held-out at least 0")
+    if min(rollouts, steps, batch_size) < 1 or held_out < 0:
+        raise UsageError("--rollouts, --steps and --batch-size must be at least 1, --held-out at least 0")
     if getattr(model, "sample", None) is not None:
         raise UsageError(
             f"{model.arch} chooses among samples by its own sequence scores; it has no value head to fit"
+        )
+    c = model.config
+    per_rollout = c.n_sup * c.positions * c.dim * 2  # bytes of bf16 latents
+    if rollouts * per_rollout > max_memory_gib * 2**30:
+        raise UsageError(
+            f"--rollouts {rollouts} would keep {rollouts * per_rollout / 2**30:.1f} GiB of latents; "
+            f"use at most {int(max_memory_gib * 2**30 // per_rollout)}"
         )
     started = time.perf_counter()
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
-    c = model.config
     torch.manual_seed(seed)
+    show = sys.stderr.isatty() if progress is None else progress
+    states, verdicts = _rollout_pool(
+        model, task, split, rollouts, np.random.default_rng([seed, 0x1F9]), temperature, augment, show
+    )
     head = SequenceValueHead(c.positions, c.dim, c.hidden, c.norm_eps).to(device)
     optimizer = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=0.01)
-    rng = np.random.default_rng([seed, 0x1F9])
     losses: list[float] = []
-    show = sys.stderr.isatty() if progress is None else progress
     with tqdm(total=steps, desc="fitting the value head", unit="step", disable=not show, leave=False) as bar:
         for _ in range(steps):
-            inputs, labels, puzzle_ids = draw_examples(task, split, rng, batch_size, augment)
-            states, valid = prior_rollouts(model, task, inputs, labels, puzzle_ids, temperature)
-            loss = F.binary_cross_entropy_with_logits(head.logit(states), valid.float().to(device))
+            pick = torch.randint(0, len(states), (batch_size,))
+            target = verdicts[pick].float().to(device)
+            loss = F.binary_cross_entropy_with_logits(head.logit(states[pick].to(device)), target)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
@@ -164,32 +174,58 @@ def fit_value_head(
             bar.set_postfix(loss=f"{losses[-1]:.3f}")
             bar.update()
 
-    held_out_rng = np.random.default_rng([seed, 0x0DD])
-    scores, trained, verdicts = [], [], []
-    for start in range(0, held_out, batch_size):
-        inputs, labels, puzzle_ids = draw_examples(
-            task, split, held_out_rng, min(batch_size, held_out - start), augment
+    fitted_auc = current_auc = None
+    valid_share = 0.0
+    if held_out:
+        states, verdicts = _rollout_pool(
+            model, task, split, held_out, np.random.default_rng([seed, 0x0DD]), temperature, augment, False
         )
-        states, valid = prior_rollouts(model, task, inputs, labels, puzzle_ids, temperature)
+        last = states.view(c.n_sup, held_out, *states.shape[1:])[-1].to(device)
+        verdict = verdicts.view(c.n_sup, held_out)[-1].numpy()
         with torch.no_grad():
-            scores.append(head.logit(states).cpu())
-            trained.append(model.value_head(states).cpu())
-        verdicts.append(valid)
+            fitted_auc = roc_auc(head.logit(last).float().cpu().numpy(), verdict)
+            current_auc = roc_auc(model.value_head(last).float().cpu().numpy(), verdict)
+        valid_share = float(verdict.mean())
     model.train(was_training)
-    verdict = torch.cat(verdicts).numpy() if verdicts else np.zeros(0, dtype=bool)
     summary = ValueFitResult(
+        rollouts=rollouts,
+        examples=rollouts * c.n_sup,
         steps=steps,
-        rollouts=steps * batch_size,
-        examples=steps * batch_size * c.n_sup,
         seconds=round(time.perf_counter() - started, 1),
         loss=float(np.mean(losses[-max(1, steps // 10) :])),
         held_out_rollouts=held_out,
-        held_out_valid=float(verdict.mean()) if len(verdict) else 0.0,
-        held_out_auc=roc_auc(torch.cat(scores).numpy(), verdict) if scores else None,
-        current_head_auc=roc_auc(torch.cat(trained).numpy(), verdict) if trained else None,
+        held_out_valid=valid_share,
+        held_out_auc=fitted_auc,
+        current_head_auc=current_auc,
         file="",
     )
     return head, asdict(summary)
+
+
+def _rollout_pool(
+    model: Reasoner,
+    task: Task,
+    split: dict[str, np.ndarray],
+    count: int,
+    rng: np.random.Generator,
+    temperature: float,
+    augment: bool,
+    show: bool,
+    chunk: int = 512,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(latents [n_sup * count, P + L, dim] bf16 on the CPU, verdicts [n_sup * count])`` of ``count`` prior
+    rollouts of puzzles drawn from ``split``, step-major."""
+    states, verdicts = [], []
+    with tqdm(total=count, desc="rolling out", unit="rollout", disable=not show, leave=False) as bar:
+        for start in range(0, count, chunk):
+            size = min(chunk, count - start)
+            inputs, labels, puzzle_ids = draw_examples(task, split, rng, size, augment)
+            latent, valid = prior_rollouts(model, task, inputs, labels, puzzle_ids, temperature)
+            states.append(latent.to("cpu", torch.bfloat16).view(-1, size, *latent.shape[1:]))
+            verdicts.append(valid.view(-1, size))
+            bar.update(size)
+    # step-major over the whole pool: [n_sup, count, ...] flattened
+    return torch.cat(states, 1).flatten(0, 1), torch.cat(verdicts, 1).flatten()
 
 
 def save_value_head(head: SequenceValueHead, checkpoint: str | Path, summary: dict[str, Any]) -> Path:
