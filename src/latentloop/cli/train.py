@@ -297,7 +297,9 @@ def fit_value_command(
     run: str = typer.Argument(..., help="GRAM run folder (its newest checkpoint) or checkpoint folder."),
     rollouts: int = typer.Option(12288, "--rollouts", help="Training puzzles rolled out from the prior."),
     steps: int = typer.Option(1000, "--steps", help="Updates of the value head."),
-    batch_size: int = typer.Option(128, "--batch-size", help="Supervision steps of rollouts per update."),
+    batch_size: int = typer.Option(
+        128, "--batch-size", help="Latents per update (one per supervision step of a rollout)."
+    ),
     lr: float = typer.Option(1e-3, "--lr", help="AdamW learning rate of the value head."),
     held_out: int = typer.Option(512, "--held-out", help="Fresh rollouts that measure the fitted head."),
     temperature: float = TEMPERATURE,

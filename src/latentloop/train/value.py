@@ -3,8 +3,8 @@
 The LPRM is a value head ``v(z_t)`` trained to predict the quality ``r in [0, 1]`` of the answer a trajectory
 reaches, so that best-of-N picks the sample with the highest value. The value head trained with the model
 (``train.value_weight``) only ever sees *posterior* trajectories, which are steered by the label and almost
-always end right; at inference the samples come from the *prior*, and it does not rank them (on N-Queens 8x8 its
-ROC AUC for "this sample is valid" was 0.55).
+always end right; at inference the samples come from the *prior*, which it ranks poorly (GRAM on N-Queens 8x8:
+ROC AUC 0.76 for "this sample is valid" at the last step, against 0.98 for the head fitted here).
 
 :func:`fit_value_head` fits a :class:`~latentloop.models.reasoners.heads.SequenceValueHead` to the frozen model's
 prior rollouts of training puzzles instead. Every supervision step of every rollout is one example: the latent
