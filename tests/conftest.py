@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from latentloop.models.recurrent_depth import RecurrentDepthConfig, RecurrentDepthLM
+from tests.tiny import TINY_REASONER, tiny_run
 
 
 def tiny_config(**overrides) -> RecurrentDepthConfig:
@@ -18,3 +19,16 @@ def tiny_config(**overrides) -> RecurrentDepthConfig:
 def tiny_lm() -> RecurrentDepthLM:
     torch.manual_seed(0)
     return RecurrentDepthLM(tiny_config()).eval()
+
+
+@pytest.fixture(scope="module")
+def gram_run(tmp_path_factory):
+    """A GRAM run trained for two batches on N-Queens 5x5 (one per test module)."""
+    from latentloop.train.deep_supervision import build_reasoner_config, train_reasoner
+
+    run = tmp_path_factory.mktemp("gram") / "run"
+    data = tiny_run(
+        TINY_REASONER, arch="gram", model={"cycles": 1, "inner": 1}, train={"steps": 2, "eval_size": 0}
+    )
+    train_reasoner(build_reasoner_config(data), run)
+    return run

@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
-import pytest
 import torch
 
 from latentloop.eval.reasoners import evaluate_reasoner, example_answers
-from latentloop.train.deep_supervision import build_reasoner_config, train_reasoner
-from tests.tiny import TINY_REASONER, tiny_run
 
 
 def test_example_answers_put_solved_puzzles_first_then_the_most_solutions_found():
@@ -31,17 +28,6 @@ def test_example_answers_of_single_solution_tasks_have_no_solution_count():
         np.zeros((2, 3)), np.zeros((1, 2, 3)), np.zeros((1, 2)), np.zeros((1, 2)), np.zeros(2, int), None, 1
     )
     assert len(examples) == 1 and "solutions" not in examples[0]
-
-
-@pytest.fixture(scope="module")
-def gram_run(tmp_path_factory):
-    """A GRAM run trained for two batches on N-Queens 5x5."""
-    run = tmp_path_factory.mktemp("gram") / "run"
-    data = tiny_run(
-        TINY_REASONER, arch="gram", model={"cycles": 1, "inner": 1}, train={"steps": 2, "eval_size": 0}
-    )
-    train_reasoner(build_reasoner_config(data), run)
-    return run
 
 
 def test_evaluation_is_reproducible_from_its_seed_and_keeps_the_callers_rng(gram_run):

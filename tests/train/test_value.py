@@ -50,17 +50,6 @@ def test_roc_auc_ranks_positives_above_negatives_and_counts_ties_half():
     assert roc_auc(np.array([0.1, 0.2]), np.array([1, 1])) is None
 
 
-@pytest.fixture(scope="module")
-def gram_run(tmp_path_factory):
-    """A GRAM run trained for two batches on N-Queens 5x5."""
-    run = tmp_path_factory.mktemp("gram") / "run"
-    data = tiny_run(
-        TINY_REASONER, arch="gram", model={"cycles": 1, "inner": 1}, train={"steps": 2, "eval_size": 0}
-    )
-    train_reasoner(build_reasoner_config(data), run)
-    return run
-
-
 def test_the_fitting_loop_learns_a_verdict_that_depends_on_pairs_of_positions(gram_run, monkeypatch):
     # Replace the rollouts with states whose verdict is "positions 0 and 1 agree in sign on dim 0": invisible
     # to the mean state, learnable by a head that mixes positions first.
