@@ -667,7 +667,7 @@ def report_markdown(results: dict[str, Any], command: str | None = None) -> str:
             "",
             f"{name}'s value head was fitted to its own samples after training (`latentloop fit-value`, "
             f"{fit['steps']} updates on {fit['rollouts']:,} rollouts, {fit['seconds']:.0f} s, not counted in "
-            f"the training budget); ROC AUC for a valid answer on {fit['held_out_rollouts']} fresh rollouts: "
+            f"the training budget); ROC AUC for a valid last-step answer on {fit['held_out_rollouts']} fresh rollouts: "
             f"{auc}.",
         ]
     curves = {name: row["eval"] for name, row in results["models"].items()}

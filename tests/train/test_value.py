@@ -7,6 +7,8 @@ import json
 import numpy as np
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 import latentloop.train.value as value_module
 from latentloop.cli import main
@@ -48,6 +50,18 @@ def test_roc_auc_ranks_positives_above_negatives_and_counts_ties_half():
     assert roc_auc(np.full(4, 0.5), positive) == 0.5
     assert roc_auc(np.array([0.1, 0.6, 0.6, 0.9]), positive) == pytest.approx(0.875)
     assert roc_auc(np.array([0.1, 0.2]), np.array([1, 1])) is None
+
+
+@given(st.lists(st.tuples(st.integers(0, 4), st.booleans()), min_size=2, max_size=40))
+def test_roc_auc_equals_the_share_of_positive_negative_pairs_ranked_right(pairs):
+    scores = np.array([float(score) for score, _ in pairs])
+    positive = np.array([label for _, label in pairs])
+    if positive.all() or not positive.any():
+        assert roc_auc(scores, positive) is None
+        return
+    above = scores[positive][:, None] - scores[~positive][None, :]
+    expected = ((above > 0).sum() + 0.5 * (above == 0).sum()) / above.size
+    assert roc_auc(scores, positive) == pytest.approx(expected)
 
 
 def test_the_fitting_loop_learns_a_verdict_that_depends_on_pairs_of_positions(gram_run, monkeypatch):

@@ -105,12 +105,9 @@ def roc_auc(scores: np.ndarray, positive: np.ndarray) -> float | None:
     if n_pos == 0 or n_neg == 0:
         return None
     order = np.argsort(scores, kind="mergesort")
+    _, first, counts = np.unique(scores[order], return_index=True, return_counts=True)
     ranks = np.empty(len(scores))
-    ranks[order] = np.arange(1, len(scores) + 1)
-    for value in np.unique(scores):  # average ranks of ties
-        tied = scores == value
-        if tied.sum() > 1:
-            ranks[tied] = ranks[tied].mean()
+    ranks[order] = np.repeat(first + (counts + 1) / 2, counts)  # tied scores share their mean rank
     return float((ranks[positive].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
 
 
@@ -215,17 +212,19 @@ def _rollout_pool(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(latents [n_sup * count, P + L, dim] bf16 on the CPU, verdicts [n_sup * count])`` of ``count`` prior
     rollouts of puzzles drawn from ``split``, step-major."""
-    states, verdicts = [], []
+    c = model.config
+    # Filled in place, so the pool is never held twice.
+    states = torch.empty(c.n_sup, count, c.positions, c.dim, dtype=torch.bfloat16)
+    verdicts = torch.empty(c.n_sup, count, dtype=torch.bool)
     with tqdm(total=count, desc="rolling out", unit="rollout", disable=not show, leave=False) as bar:
         for start in range(0, count, chunk):
             size = min(chunk, count - start)
             inputs, labels, puzzle_ids = draw_examples(task, split, rng, size, augment)
             latent, valid = prior_rollouts(model, task, inputs, labels, puzzle_ids, temperature)
-            states.append(latent.to("cpu", torch.bfloat16).view(-1, size, *latent.shape[1:]))
-            verdicts.append(valid.view(-1, size))
+            states[:, start : start + size] = latent.view(c.n_sup, size, *latent.shape[1:])
+            verdicts[:, start : start + size] = valid.view(c.n_sup, size)
             bar.update(size)
-    # step-major over the whole pool: [n_sup, count, ...] flattened
-    return torch.cat(states, 1).flatten(0, 1), torch.cat(verdicts, 1).flatten()
+    return states.flatten(0, 1), verdicts.flatten()
 
 
 def save_value_head(head: SequenceValueHead, checkpoint: str | Path, summary: dict[str, Any]) -> Path:
