@@ -13,13 +13,13 @@ from hypothesis import strategies as st
 import latentloop.train.value as value_module
 from latentloop.cli import main
 from latentloop.errors import UsageError
-from latentloop.eval.reasoners import load_run
+from latentloop.eval.reasoners import answers_valid, load_run
 from latentloop.models.reasoners.heads import VALUE_HEAD_FILE, SequenceValueHead
 from latentloop.tasks.base import get_task
 from latentloop.tasks.nqueens import all_solutions, board_from_columns
 from latentloop.train.checkpoint import latest_checkpoint
 from latentloop.train.deep_supervision import build_reasoner_config, train_reasoner
-from latentloop.train.value import answers_valid, fit_value_head, roc_auc
+from latentloop.train.value import fit_value_head, roc_auc
 from tests.tiny import TINY_REASONER, tiny_run
 
 

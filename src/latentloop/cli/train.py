@@ -315,11 +315,6 @@ def fit_value_command(
     from latentloop.train.value import fit_value_head, save_value_head
 
     model, task, checkpoint, folder = load_run(run)
-    if not model.stochastic or getattr(model, "sample", None) is not None:
-        raise UsageError(
-            f"{run} is a {model.arch} model: value selection ranks GRAM's samples "
-            "(deterministic models draw identical ones; ar and mdlm rank by their own scores)"
-        )
     split = run_dataset(run, folder).split("train")
     head, summary = fit_value_head(
         model, task, split, rollouts, steps, batch_size, lr, seed, held_out, temperature, progress=None

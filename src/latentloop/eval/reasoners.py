@@ -34,6 +34,28 @@ def decode_answer(task: Task, tokens: np.ndarray) -> Any:
     return reader(tokens) if reader is not None else task.decode(tokens)
 
 
+def answers_valid(
+    task: Task, inputs: np.ndarray, answers: np.ndarray, labels: np.ndarray | None = None
+) -> np.ndarray:
+    """``[B]`` bool: the task's verifier accepts each answer (token rows) to its puzzle.
+
+    A task with puzzle embeddings (ARC) cannot judge a grid from the test input alone: there an answer is valid
+    when it equals the label on the label's scored positions.
+    """
+    if getattr(task, "puzzle_embeddings", False):
+        if labels is None:
+            raise ValueError(f"task {task.name!r} has no verifier: give the labels")
+        scored = labels != 0
+        return ((answers == labels) | ~scored).all(-1)
+    return np.array(
+        [
+            task.violations(task.decode(x), decode_answer(task, a)) == 0
+            for x, a in zip(inputs, answers, strict=True)
+        ],
+        dtype=bool,
+    )
+
+
 def answer_key(task: Task, answer: Any) -> Hashable:
     """A hashable identity of an answer: equal answers (graph colourings up to renaming colours) share it."""
     if task.name == "graph-coloring":
@@ -215,12 +237,7 @@ def quick_accuracy(model: Reasoner, task: Task, split: dict[str, np.ndarray], li
         return {"num_steps": result.predictions.shape[0], "accuracy": accuracy, "exact_match": accuracy}
     inputs = unique_puzzles(split, limit)
     result = solve(model, torch.from_numpy(inputs).to(device), samples=1)
-    tokens = result.chosen.cpu().numpy()
-    ok = [
-        task.violations(task.decode(inputs[b]), decode_answer(task, tokens[b])) == 0
-        for b in range(len(inputs))
-    ]
-    accuracy = float(np.mean(ok))
+    accuracy = float(np.mean(answers_valid(task, inputs, result.chosen.cpu().numpy())))
     return {"num_steps": result.predictions.shape[0], "accuracy": accuracy, "exact_match": accuracy}
 
 

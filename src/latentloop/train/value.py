@@ -30,7 +30,7 @@ from safetensors.torch import save_file
 from tqdm import tqdm
 
 from latentloop.errors import UsageError
-from latentloop.eval.reasoners import decode_answer
+from latentloop.eval.reasoners import answers_valid
 from latentloop.io import atomic_path
 from latentloop.models.reasoners import Reasoner
 from latentloop.models.reasoners.heads import VALUE_HEAD_FILE, SequenceValueHead
@@ -52,24 +52,6 @@ class ValueFitResult:
     held_out_auc: float | None  # ROC AUC of the fitted head at the last step (None when one class is missing)
     current_head_auc: float | None  # the same for the value head the model had (trained with it, or fitted)
     file: str
-
-
-def answers_valid(task: Task, inputs: np.ndarray, answers: np.ndarray, labels: np.ndarray) -> np.ndarray:
-    """``[B]`` bool: the task's verifier accepts each answer (token rows) to its puzzle.
-
-    A task with puzzle embeddings (ARC) cannot judge a grid from the test input alone: there an answer is valid
-    when it equals the label on the label's scored positions.
-    """
-    if getattr(task, "puzzle_embeddings", False):
-        scored = labels != 0
-        return ((answers == labels) | ~scored).all(-1)
-    return np.array(
-        [
-            task.violations(task.decode(x), decode_answer(task, a)) == 0
-            for x, a in zip(inputs, answers, strict=True)
-        ],
-        dtype=bool,
-    )
 
 
 @torch.no_grad()
@@ -136,9 +118,10 @@ def fit_value_head(
     """
     if min(rollouts, steps, batch_size) < 1 or held_out < 0:
         raise UsageError("--rollouts, --steps and --batch-size must be at least 1, --held-out at least 0")
-    if getattr(model, "sample", None) is not None:
+    if not model.stochastic or getattr(model, "sample", None) is not None:
         raise UsageError(
-            f"{model.arch} chooses among samples by its own sequence scores; it has no value head to fit"
+            f"{model.arch} has no value head to fit: value selection ranks GRAM's samples (deterministic "
+            "models draw identical ones; ar and mdlm rank by their own sequence scores)"
         )
     c = model.config
     per_rollout = c.n_sup * c.positions * c.dim * 2  # bytes of bf16 latents
