@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
 # Trains the small models shipped in src/latentloop/resources/pretrained/ and copies them into the package.
-# The shipped files are the final checkpoints of two experiment runs (`latentloop run sudoku-scaling`, TRM;
-# `latentloop run nqueens8`, AR), which stopped at their time budgets. Each command below replays exactly the
+# The shipped files are the final checkpoints of two runs that stopped at their time budgets: TRM of
+# `latentloop run sudoku-scaling`, and GRAM's long N-Queens run (configs/nqueens8-gram-long.yaml, docs/RESULTS.md)
+# with the value head `latentloop fit-value` fitted to its samples. Each command below replays exactly the
 # batches its run trained (`--stop-at`, the same config, seed and learning-rate schedule; training is
-# deterministic on one machine and thread count), without depending on how fast the machine is.
+# deterministic on one machine and thread count, and resumes exactly), without depending on how fast the
+# machine is. The N-Queens model takes about four hours on two cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-ship() {  # RUN NAME: the run's newest checkpoint (config.json, EMA weights) and its config as run.yaml
+ship() {  # RUN NAME: the run's newest checkpoint (config.json, EMA weights, a fitted value head) and its config
   local run=$1 dest=src/latentloop/resources/pretrained/$2 checkpoint
   checkpoint=$(find "$run/checkpoints" -maxdepth 1 -name 'step_*' | sort | tail -n 1)
   rm -rf "$dest.partial" && mkdir -p "$dest.partial"
   cp "$checkpoint/config.json" "$checkpoint/model.safetensors" "$dest.partial/"
+  if [[ -f $checkpoint/value_head.safetensors ]]; then cp "$checkpoint/value_head.safetensors" "$dest.partial/"; fi
   cp "$run/config.yaml" "$dest.partial/run.yaml"
   rm -rf "$dest" && mv "$dest.partial" "$dest"
   echo "shipped $run ($(basename "$checkpoint")) as $dest"
@@ -21,7 +24,8 @@ ship() {  # RUN NAME: the run's newest checkpoint (config.json, EMA weights) and
 .venv/bin/latentloop train --config configs/sudoku-trm.yaml --stop-at 152 --out runs/pretrained/sudoku6-trm
 ship runs/pretrained/sudoku6-trm sudoku6-trm
 
-# N-Queens 8x8: the AR baseline, the 1270 batches `latentloop run nqueens8` trained in its 8 minutes (GRAM and TRM
-# solve no board after that budget on a CPU; see docs/RESULTS.md).
-.venv/bin/latentloop train --config configs/nqueens8-ar.yaml --stop-at 1270 --out runs/pretrained/nqueens8-ar
-ship runs/pretrained/nqueens8-ar nqueens8-ar
+# N-Queens 8x8: GRAM, the 15,380 batches its long run trained in 235 minutes, then its value head fitted to
+# its own samples (1,000 updates, a few minutes).
+.venv/bin/latentloop train --config configs/nqueens8-gram-long.yaml --stop-at 15380 --out runs/pretrained/nqueens8-gram
+.venv/bin/latentloop fit-value runs/pretrained/nqueens8-gram
+ship runs/pretrained/nqueens8-gram nqueens8-gram

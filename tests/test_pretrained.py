@@ -76,3 +76,19 @@ def test_a_puzzle_of_another_size_than_the_shipped_model_is_a_usage_error(capsys
 def test_a_task_without_a_shipped_model_names_the_alternatives():
     with pytest.raises(UsageError, match="--exact or --model"):
         pretrained_model("graph-coloring")
+
+
+def test_the_shipped_nqueens_model_finds_several_completions_of_one_board(capsys):
+    """GRAM's width: samples of one board with many completions are distinct valid answers, each one of the
+    exact solver's, and the count printed is the count listed. Votes split over the completions there, so the
+    value head chooses."""
+    puzzle = "." * 16 + "Q" + "." * 47  # one queen given: 16 completions
+    assert main(["solve", "nqueens", puzzle, "--exact", "--all", "--json"]) == 0
+    completions = set(json.loads(capsys.readouterr().out)["solutions"])
+    torch.manual_seed(0)
+    code = main(["solve", "nqueens", puzzle, "--samples", "20", "--select", "value", "--all", "--json"])
+    payload = json.loads(capsys.readouterr().out)
+    listed = payload["valid_answers"]
+    assert code == 0 and payload["valid"] and payload["answer"] in completions
+    assert len(set(listed)) == len(listed) == payload["distinct_valid"]
+    assert set(listed) <= completions and len(listed) >= 2

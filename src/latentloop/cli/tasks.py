@@ -218,9 +218,9 @@ def _solve_with_model(
 ) -> tuple[dict, str, bool]:
     from latentloop.eval.reasoners import solve_puzzle
 
-    if all_:
-        raise UsageError("--all lists exact solutions; with --model use --samples K")
-    return solve_puzzle(model, task, puzzle, samples=samples, select=select, model_task=model_task)
+    return solve_puzzle(
+        model, task, puzzle, samples=samples, select=select, model_task=model_task, list_valid=all_
+    )
 
 
 @app.command("solve", context_settings=_EXTRA)
@@ -232,12 +232,14 @@ def solve(
     model: str | None = typer.Option(
         None, "--model", help="Use a trained model (run folder or checkpoint); default: the pretrained one."
     ),
-    all_: bool = typer.Option(False, "--all", help="List every solution (up to --limit)."),
+    all_: bool = typer.Option(
+        False, "--all", help="List every solution (up to --limit); with a model, the distinct valid samples."
+    ),
     limit: int | None = typer.Option(None, "--limit", help="Most solutions to list with --all."),
     n: str | None = typer.Option(None, "--n", help="Task option n."),
     colors: str | None = typer.Option(None, "--colors", help="Task option colors (graph colouring)."),
-    samples: int = typer.Option(1, "--samples", help="With --model: parallel samples, chosen by --select."),
-    select: str = typer.Option("vote", "--select", help="With --model: vote, value or first."),
+    samples: int = typer.Option(1, "--samples", help="With a model: parallel samples, chosen by --select."),
+    select: str = typer.Option("vote", "--select", help="With a model: vote, value or first."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
     """Solve a puzzle with the exact solver (--exact), a trained model (--model), or else the pretrained model

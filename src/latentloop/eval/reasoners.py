@@ -348,14 +348,25 @@ def evaluate_reasoner(
 
 
 def solve_puzzle(
-    run: str, task: Task, puzzle: Any, samples: int = 1, select: str = "vote", model_task: str | None = None
+    run: str,
+    task: Task,
+    puzzle: Any,
+    samples: int = 1,
+    select: str = "vote",
+    model_task: str | None = None,
+    list_valid: bool = False,
 ) -> tuple[dict, str, bool]:
     """``latentloop solve TASK PUZZLE --model RUN``: ``(payload, text, solved)``. ``model_task`` names the
-    model's task when ``run`` is a bare checkpoint (a shipped pretrained model)."""
+    model's task when ``run`` is a bare checkpoint (a shipped pretrained model).
+
+    With several samples the payload also counts the distinct answers among them that the verifier accepts
+    (``distinct_valid``); ``list_valid`` lists those answers as well, before the chosen one."""
     model, run_task, _, folder = load_run(run, model_task)
     if model.config.puzzles:
         from latentloop.eval.arc import solve_arc_puzzle
 
+        if list_valid:
+            raise UsageError("--all needs a task with a verifier; ARC answers are judged by the label")
         if run_task.name != task.name:
             raise UsageError(f"the model solves {run_task.name} puzzles, not {task.name}")
         puzzles = run_dataset(run, folder).metadata.get("puzzles", {})
@@ -380,7 +391,20 @@ def solve_puzzle(
     verdict = "valid (the verifier accepts it)" if violations == 0 else f"invalid: {violations} violations"
     drawn = task.format(answer, pretty=True)
     text = text_answer if drawn == text_answer else f"{drawn}\nanswer: {text_answer}"
-    return payload, f"{text}\n{verdict}", violations == 0
+    if samples == 1 and not list_valid:
+        return payload, f"{text}\n{verdict}", violations == 0
+    valid: dict[Hashable, str] = {}  # answer key -> its text, in sample order
+    for tokens in result.predictions[-1, :, 0].cpu().numpy():
+        candidate = decode_answer(task, tokens)
+        if task.violations(puzzle, candidate) == 0:
+            valid.setdefault(answer_key(task, candidate), task.format(candidate))
+    payload["distinct_valid"] = len(valid)
+    listed = ""
+    if list_valid:
+        payload["valid_answers"] = list(valid.values())
+        listed = "".join(f"{line}\n" for line in valid.values())
+    found = f"{len(valid)} distinct valid answer{'s' * (len(valid) != 1)} among {samples} samples"
+    return payload, f"{listed}{found}\n{text}\n{verdict}", violations == 0
 
 
 # Reports -----------------------------------------------------------------------------------------------------
