@@ -139,7 +139,40 @@ def test_fit_value_refuses_deterministic_models_and_folders_without_a_checkpoint
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
 
 
-def test_a_pool_of_latents_too_large_for_memory_is_refused_before_rolling_out(gram_run):
+def test_rollouts_beyond_the_memory_limit_are_fitted_in_rounds(gram_run, monkeypatch):
     model, task, _, folder = load_run(gram_run)
-    with pytest.raises(UsageError, match=r"GiB of latents; use at most \d+"):
-        fit_value_head(model, task, _train_split(folder), rollouts=10**9)
+    generator = torch.Generator().manual_seed(0)
+    pools = []
+
+    def synthetic_rollouts(model, task, inputs, labels, puzzle_ids=None, temperature=1.0):
+        shape = (model.config.n_sup * len(inputs), model.config.positions, model.config.dim)
+        states = torch.randn(*shape, generator=generator)
+        pools.append(len(inputs))
+        return states, states[:, 0, 0] * states[:, 1, 0] > 0
+
+    monkeypatch.setattr(value_module, "prior_rollouts", synthetic_rollouts)
+    c = model.config
+    per_rollout = c.n_sup * c.positions * c.dim * 2
+    limit = 600 * per_rollout / 2**30  # 600 rollouts at a time
+    split = {key: np.asarray(value) for key, value in _train_split(folder).items()}
+    _, summary = fit_value_head(
+        model,
+        task,
+        split,
+        rollouts=2048,
+        steps=300,
+        batch_size=64,
+        lr=3e-3,
+        held_out=256,
+        max_memory_gib=limit,
+    )
+    assert summary["rounds"] == 4 and max(pools) <= 600 and sum(pools) == 2048 + 256
+    assert summary["held_out_auc"] > 0.9, "the head keeps learning across rounds"
+
+
+def test_a_rollout_larger_than_the_memory_limit_is_refused_before_rolling_out(gram_run, capsys):
+    model, task, _, folder = load_run(gram_run)
+    with pytest.raises(UsageError, match="MiB of latents"):
+        fit_value_head(model, task, _train_split(folder), max_memory_gib=1e-9)
+    assert main(["fit-value", str(gram_run), "--memory-gib", "0"]) == 2
+    assert "--memory-gib must be a positive number" in capsys.readouterr().err

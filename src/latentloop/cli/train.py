@@ -304,6 +304,9 @@ def fit_value_command(
     held_out: int = typer.Option(512, "--held-out", help="Fresh rollouts that measure the fitted head."),
     temperature: float = TEMPERATURE,
     seed: int = typer.Option(0, "--seed", help="Seed of the puzzles drawn and the sampling noise."),
+    memory_gib: float = typer.Option(
+        8.0, "--memory-gib", help="Most latents held at once (GiB); more rollouts are fitted in rounds."
+    ),
     json_output: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
 ) -> None:
     """Fit GRAM's value head (LPRM) to the model's own samples: each step of its prior rollouts of training
@@ -312,12 +315,24 @@ def fit_value_command(
     if not _checkpoint_type(run).startswith("reasoner-"):
         raise UsageError(f"{run} is not a puzzle-reasoner run: fit-value fits the value head of GRAM")
     from latentloop.eval.reasoners import load_run, run_dataset
+    from latentloop.experiments import positive_number
     from latentloop.train.value import fit_value_head, save_value_head
 
     model, task, checkpoint, folder = load_run(run)
     split = run_dataset(run, folder).split("train")
     head, summary = fit_value_head(
-        model, task, split, rollouts, steps, batch_size, lr, seed, held_out, temperature, progress=None
+        model,
+        task,
+        split,
+        rollouts,
+        steps,
+        batch_size,
+        lr,
+        seed,
+        held_out,
+        temperature,
+        progress=None,
+        max_memory_gib=positive_number(memory_gib, "--memory-gib"),
     )
     summary["file"] = str(save_value_head(head, checkpoint, summary))
     if json_output:
@@ -328,8 +343,9 @@ def fit_value_command(
         return "n/a (one class only)" if value is None else f"{value:.3f}"
 
     typer.echo(
-        f"fitted on {summary['rollouts']} rollouts ({summary['examples']} latents), {summary['steps']} updates "
-        f"in {summary['seconds']} s; final loss {summary['loss']:.4f}"
+        f"fitted on {summary['rollouts']} rollouts ({summary['examples']} latents"
+        f"{', in ' + str(summary['rounds']) + ' rounds' if summary['rounds'] > 1 else ''}), {summary['steps']} "
+        f"updates in {summary['seconds']} s; final loss {summary['loss']:.4f}"
     )
     typer.echo(
         f"{summary['held_out_rollouts']} fresh rollouts, {summary['held_out_valid']:.1%} valid at the last step; "

@@ -43,6 +43,7 @@ class ValueFitResult:
     """What :func:`fit_value_head` did and how well the fitted head ranks fresh rollouts."""
 
     rollouts: int  # prior trajectories of training puzzles fitted on
+    rounds: int  # pools rolled out one after the other, each within the memory limit
     examples: int  # (latent, verdict) pairs: one per supervision step of each rollout
     steps: int  # AdamW updates of the head
     seconds: float
@@ -110,9 +111,11 @@ def fit_value_head(
 ) -> tuple[SequenceValueHead, dict[str, Any]]:
     """Fit a fresh :class:`SequenceValueHead` to ``model``'s prior rollouts of ``split`` (see the module).
 
-    Rolling out is the costly part, so it is done once: ``rollouts`` training puzzles (augmented like training
-    batches) are rolled out and every supervision step's latent (in bf16) and verdict kept. ``steps`` AdamW
-    updates then each take the BCE of ``batch_size`` of those pairs drawn at random. ``held_out`` further
+    Rolling out is the costly part, so each rollout is made once: ``rollouts`` training puzzles (augmented like
+    training batches) are rolled out and every supervision step's latent (in bf16) and verdict kept. ``steps``
+    AdamW updates then each take the BCE of ``batch_size`` of those pairs drawn at random. When the latents of
+    all rollouts would take more than ``max_memory_gib`` (large grids such as ARC's), the fit runs in rounds
+    that each roll out as many as fit and spend their share of the updates on them. ``held_out`` further
     rollouts, drawn with another seed, measure the fitted head and the model's current one at the last step,
     where ``--select value`` ranks. Returns the head and a summary (:class:`ValueFitResult` as a dict).
     """
@@ -125,34 +128,44 @@ def fit_value_head(
         )
     c = model.config
     per_rollout = c.n_sup * c.positions * c.dim * 2  # bytes of bf16 latents
-    if rollouts * per_rollout > max_memory_gib * 2**30:
+    capacity = int(max_memory_gib * 2**30 // per_rollout)
+    if capacity < 1 or held_out > capacity:
         raise UsageError(
-            f"--rollouts {rollouts} would keep {rollouts * per_rollout / 2**30:.1f} GiB of latents; "
-            f"use at most {int(max_memory_gib * 2**30 // per_rollout)}"
+            f"one rollout keeps {per_rollout / 2**20:.1f} MiB of latents: {max_memory_gib:g} GiB holds "
+            f"{capacity}, fewer than {'one' if capacity < 1 else f'--held-out {held_out}'}"
         )
+    rounds = -(-rollouts // capacity)
     started = time.perf_counter()
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
     torch.manual_seed(seed)
     show = sys.stderr.isatty() if progress is None else progress
-    states, verdicts = _rollout_pool(
-        model, task, split, rollouts, np.random.default_rng([seed, 0x1F9]), temperature, augment, show
-    )
-    head = SequenceValueHead(c.positions, c.dim, c.hidden, c.norm_eps).to(device)
-    optimizer = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=0.01)
+    rng = np.random.default_rng([seed, 0x1F9])
+    head: SequenceValueHead | None = None
     losses: list[float] = []
+    rollouts_per_round = np.array_split(np.arange(rollouts), rounds)
+    shares = zip(rollouts_per_round, np.array_split(np.arange(steps), rounds), strict=True)
     with tqdm(total=steps, desc="fitting the value head", unit="step", disable=not show, leave=False) as bar:
-        for _ in range(steps):
-            pick = torch.randint(0, len(states), (batch_size,))
-            target = verdicts[pick].float().to(device)
-            loss = F.binary_cross_entropy_with_logits(head.logit(states[pick].to(device)), target)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            losses.append(float(loss.detach()))
-            bar.set_postfix(loss=f"{losses[-1]:.3f}")
-            bar.update()
+        for puzzles, updates in shares:
+            states, verdicts = _rollout_pool(
+                model, task, split, len(puzzles), rng, temperature, augment, show
+            )
+            if head is None:  # after the first pool: the seed draws the rollouts' noise first
+                head = SequenceValueHead(c.positions, c.dim, c.hidden, c.norm_eps).to(device)
+                optimizer = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=0.01)
+            for _ in updates:
+                pick = torch.randint(0, len(states), (batch_size,))
+                target = verdicts[pick].float().to(device)
+                loss = F.binary_cross_entropy_with_logits(head.logit(states[pick].to(device)), target)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+                losses.append(float(loss.detach()))
+                bar.set_postfix(loss=f"{losses[-1]:.3f}")
+                bar.update()
+            del states, verdicts  # the next round's pool takes their place
+    assert head is not None  # rollouts >= 1: at least one round
 
     fitted_auc = current_auc = None
     valid_share = 0.0
@@ -169,6 +182,7 @@ def fit_value_head(
     model.train(was_training)
     summary = ValueFitResult(
         rollouts=rollouts,
+        rounds=rounds,
         examples=rollouts * c.n_sup,
         steps=steps,
         seconds=round(time.perf_counter() - started, 1),
