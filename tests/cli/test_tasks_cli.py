@@ -65,6 +65,7 @@ def test_check_nqueens_and_graph(capsys, tmp_path) -> None:
         ["solve", "arc-agi-1", "007bbfb7", "--exact"],  # no exact solver
         ["solve", "graph-coloring", "/no/such/graph.col", "--exact"],  # unreadable .col
         ["solve", "nqueens", "." * 63, "--exact"],
+        ["solve", "nqueens", "Q" + "." * 63, "--all", "--limit", "3"],  # --limit is the exact list's
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(capsys, argv: list[str]) -> None:

@@ -248,6 +248,8 @@ def solve(
         raise UsageError("choose one solver: --exact (the classical exact solver) or --model RUN")
     if limit is not None and limit < 1:
         raise UsageError(f"--limit must be at least 1, got {limit}")
+    if limit is not None and not exact:
+        raise UsageError("--limit caps the list of --exact --all; a model lists at most --samples answers")
     the_task, options = _task(task, ctx, n=n, colors=colors)
     pretrained = None
     if not exact and model is None:
