@@ -207,22 +207,6 @@ def _solve_exact(task: Task, puzzle: Any, all_: bool, limit: int | None) -> tupl
     return solver(task, puzzle, all_, limit)
 
 
-def _solve_with_model(
-    task: Task,
-    puzzle: Any,
-    model: str,
-    all_: bool,
-    samples: int = 1,
-    select: str = "vote",
-    model_task: str | None = None,
-) -> tuple[dict, str, bool]:
-    from latentloop.eval.reasoners import solve_puzzle
-
-    return solve_puzzle(
-        model, task, puzzle, samples=samples, select=select, model_task=model_task, list_valid=all_
-    )
-
-
 @app.command("solve", context_settings=_EXTRA)
 def solve(
     ctx: typer.Context,
@@ -273,14 +257,16 @@ def solve(
     else:
         if samples < 1:
             raise UsageError(f"--samples must be at least 1, got {samples}")
-        payload, text, solved = _solve_with_model(
+        from latentloop.eval.reasoners import solve_puzzle
+
+        payload, text, solved = solve_puzzle(
+            model or "",
             the_task,
             the_puzzle,
-            model or "",
-            all_,
-            samples,
-            select,
-            pretrained_task_spec(pretrained) if pretrained else None,
+            samples=samples,
+            select=select,
+            model_task=pretrained_task_spec(pretrained) if pretrained else None,
+            list_valid=all_,
         )
     _emit(as_json, payload, text)
     if not solved:

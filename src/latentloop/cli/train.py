@@ -342,9 +342,9 @@ def fit_value_command(
     def auc(value: float | None) -> str:
         return "n/a (one class only)" if value is None else f"{value:.3f}"
 
+    rounds = f", in {summary['rounds']} rounds" if summary["rounds"] > 1 else ""
     typer.echo(
-        f"fitted on {summary['rollouts']} rollouts ({summary['examples']} latents"
-        f"{', in ' + str(summary['rounds']) + ' rounds' if summary['rounds'] > 1 else ''}), {summary['steps']} "
+        f"fitted on {summary['rollouts']} rollouts ({summary['examples']} latents{rounds}), {summary['steps']} "
         f"updates in {summary['seconds']} s; final loss {summary['loss']:.4f}"
     )
     typer.echo(

@@ -131,8 +131,8 @@ def fit_value_head(
     capacity = int(max_memory_gib * 2**30 // per_rollout)
     if capacity < 1 or held_out > capacity:
         raise UsageError(
-            f"one rollout keeps {per_rollout / 2**20:.1f} MiB of latents: {max_memory_gib:g} GiB holds "
-            f"{capacity}, fewer than {'one' if capacity < 1 else f'--held-out {held_out}'}"
+            f"one rollout keeps {per_rollout / 2**20:.1f} MiB of latents: {max_memory_gib:g} GiB holds {capacity} "
+            f"rollouts, fewer than {'one' if capacity < 1 else f'the {held_out} of --held-out'}"
         )
     rounds = -(-rollouts // capacity)
     started = time.perf_counter()
