@@ -17,7 +17,8 @@ both figures depend on the sizes and the work per step, not on the weights.
 - **sampling**: for GRAM and TRM, ``solve(model, x, samples=K)`` (the K samples of every puzzle as one batch)
   against K sequential ``solve(model, x, samples=1)`` calls on the same puzzles, timed alternately
   (``batched, sequential, batched, ..``). Reports both medians and the median of the per-repeat ratios
-  sequential / batched.
+  sequential / batched. TRM is deterministic, so ``solve`` runs one trajectory for its K equal samples: its
+  ratio measures that saving, GRAM's the batching of K different trajectories.
 
 Usage: ``python benchmarks/reasoners.py [--repeats 5] [--warmup 1] [--batch-size 16] [--puzzles 1]
 [--samples 20] [--models direct,gram] [--compile-models gram,trm] [--skip train,compile,sampling] [--threads 1]

@@ -65,12 +65,19 @@ def test_gram_samples_at_temperature_zero_agree_and_a_negative_temperature_is_re
             solve(_model(arch), x, samples=2, temperature=-0.5)
 
 
-def test_batched_samples_match_single_runs_for_deterministic_models():
+def test_deterministic_models_run_one_trajectory_for_all_samples():
     x = torch.randint(1, 3, (2, 16))
     model = _model("hrm")
-    wide = solve(model, x, steps=2, samples=3)
-    single = solve(model, x, steps=2, samples=1)
-    assert torch.equal(wide.predictions[:, 2], single.predictions[:, 0])
+    batch_sizes = []
+    model.register_forward_pre_hook(lambda _, args: batch_sizes.append(args[1]["inputs"].shape[0]))
+    wide = solve(model, x, steps=2, samples=3, halt=True)
+    assert batch_sizes and set(batch_sizes) == {2}, "the samples would all be equal: one run is enough"
+    single = solve(model, x, steps=2, samples=1, halt=True)
+    assert wide.predictions.shape == (2, 3, 2, 16) and wide.halted_at.shape == (3, 2)
+    for k in range(3):
+        assert torch.equal(wide.predictions[:, k], single.predictions[:, 0])
+        assert torch.equal(wide.values[:, k], single.values[:, 0])
+        assert torch.equal(wide.halted_at[k], single.halted_at[0])
 
 
 def test_halting_freezes_answers():

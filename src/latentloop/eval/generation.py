@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from latentloop.errors import UsageError
-from latentloop.infer.scaling import solve
+from latentloop.infer.scaling import draws_samples, solve
 from latentloop.models.reasoners import Reasoner, num_parameters
 
 HIDDEN = (128, 32)  # the penultimate layer (32 features) stays small enough to fit from ~100 images
@@ -307,8 +307,7 @@ def sample_run(
         "valid_fraction": valid / n,
         "distinct": len({np.asarray(row).tobytes() for row in tokens}),
     }
-    # AR and MDLM draw tokens at a temperature, GRAM its noise; the deterministic reasoners decode argmax.
-    if hasattr(model, "sample") or model.stochastic:
+    if draws_samples(model):  # at a temperature; the deterministic reasoners decode argmax
         report["temperature"] = temperature
     if image:
         images = np.stack(answers)

@@ -19,7 +19,7 @@ import torch
 from tqdm import tqdm
 
 from latentloop.errors import UsageError
-from latentloop.infer.scaling import SELECTIONS, select_sample, solve
+from latentloop.infer.scaling import SELECTIONS, draws_samples, select_sample, solve
 from latentloop.models.reasoners import Reasoner, load_reasoner, num_parameters
 from latentloop.models.reasoners.heads import SequenceValueHead
 from latentloop.tasks.base import Task
@@ -127,7 +127,7 @@ def evaluate_model(
     ``progress`` shows a bar named ``label`` on stderr (default: when stderr is a terminal)."""
     if select not in SELECTIONS:
         raise UsageError(f"--select must be one of {', '.join(SELECTIONS)}, got {select!r}")
-    per_sample = max(1, batch_size // samples)
+    per_sample = max(1, batch_size // samples) if draws_samples(model) else batch_size  # see solve()
     preds, vals, halts = [], [], []
     show = sys.stderr.isatty() if progress is None else progress
     with tqdm(total=len(inputs), desc=label, unit="puzzle", disable=not show, leave=False) as bar:
@@ -168,7 +168,7 @@ def evaluate_model(
             for k in range(1, samples + 1)
         ],
     }
-    if hasattr(model, "sample") or model.stochastic:  # AR and MDLM draw tokens, GRAM its noise
+    if draws_samples(model):
         report["temperature"] = temperature
     if halt:
         report["halt"] = True

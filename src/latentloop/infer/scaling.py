@@ -58,6 +58,12 @@ def _token_key(tokens: torch.Tensor) -> bytes:
 
 
 @torch.no_grad()
+def draws_samples(model: Reasoner) -> bool:
+    """Whether ``model``'s trajectories differ from one another: AR and MDLM draw tokens, GRAM its noise; the
+    deterministic reasoners give every trajectory the same answer."""
+    return getattr(model, "sample", None) is not None or model.stochastic
+
+
 def solve(
     model: Reasoner,
     x: torch.Tensor,
@@ -96,9 +102,11 @@ def solve(
     model.eval()
     q_learning = getattr(model.config, "halting", "bce") == "q-learning"
     batch_size = x.shape[0]
-    batch = {"inputs": x.repeat(samples, 1)}
+    # A deterministic reasoner gives every trajectory the same answer: run one and repeat it.
+    runs = samples if draws_samples(model) else 1
+    batch = {"inputs": x.repeat(runs, 1)}
     if puzzle_ids is not None:
-        batch["puzzle_ids"] = puzzle_ids.to(x.device).repeat(samples)
+        batch["puzzle_ids"] = puzzle_ids.to(x.device).repeat(runs)
     preds, values, halts = [], [], []
     if sampler is not None:  # every step's prediction at once; the loop below then has nothing left to run
         tokens, sampled = sampler(batch["inputs"], steps=steps, temperature=temperature)
@@ -106,8 +114,8 @@ def solve(
         steps = len(preds)
     noise = {"temperature": temperature} if model.stochastic and sampler is None else {}
     carry = model.initial_carry(batch)
-    done = torch.zeros(samples * batch_size, dtype=torch.bool, device=x.device)
-    halted_at = torch.full((samples * batch_size,), steps, dtype=torch.long, device=x.device)
+    done = torch.zeros(runs * batch_size, dtype=torch.bool, device=x.device)
+    halted_at = torch.full((runs * batch_size,), steps, dtype=torch.long, device=x.device)
     for step in range(len(preds), steps):
         carry, out = model(carry, batch, **noise)
         tokens = out.logits.argmax(-1)
@@ -131,8 +139,8 @@ def solve(
                 break
     model.train(was_training)
     shape = (samples, batch_size)
-    predictions = torch.stack(preds).view(steps, *shape, -1)
-    value_t = torch.stack(values).view(steps, *shape)
+    predictions = torch.stack(preds).view(steps, runs, batch_size, -1).expand(steps, *shape, -1)
+    value_t = torch.stack(values).view(steps, runs, batch_size).expand(steps, *shape)
     key_fn = key or _token_key
     chosen_index = []
     for b in range(batch_size):
@@ -142,8 +150,8 @@ def solve(
     return SolveResult(
         predictions=predictions,
         values=value_t,
-        halt_prob=torch.stack(halts).view(steps, *shape),
-        halted_at=halted_at.view(shape),
+        halt_prob=torch.stack(halts).view(steps, runs, batch_size).expand(steps, *shape),
+        halted_at=halted_at.view(runs, batch_size).expand(shape),
         chosen_sample=chosen_sample,
         chosen=predictions[-1, chosen_sample, torch.arange(batch_size)],
     )
