@@ -44,6 +44,7 @@ def test_solve_shapes_and_sample_diversity():
     x = torch.randint(1, 3, (4, 16))
     result = solve(_model("gram"), x, steps=3, samples=5, select="value")
     assert result.predictions.shape == (3, 5, 4, 16) and result.values.shape == (3, 5, 4)
+    assert not result.values.requires_grad, "inference builds no autograd graph"
     assert not torch.equal(result.values[:, 0], result.values[:, 1]), "GRAM samples draw their own noise"
     best = result.values[-1].argmax(0)
     assert torch.equal(result.chosen_sample, best)

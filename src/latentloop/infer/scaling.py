@@ -57,13 +57,13 @@ def _token_key(tokens: torch.Tensor) -> bytes:
     return tokens.cpu().numpy().tobytes()
 
 
-@torch.no_grad()
 def draws_samples(model: Reasoner) -> bool:
     """Whether ``model``'s trajectories differ from one another: AR and MDLM draw tokens, GRAM its noise; the
     deterministic reasoners give every trajectory the same answer."""
     return getattr(model, "sample", None) is not None or model.stochastic
 
 
+@torch.no_grad()
 def solve(
     model: Reasoner,
     x: torch.Tensor,
