@@ -21,7 +21,7 @@ from latentloop.models.generation import EXIT_CRITERIA, generate
 from latentloop.models.recurrent_depth import RecurrentDepthLM
 from latentloop.tasks.base import get_task
 from latentloop.train.checkpoint import resolve_checkpoint, run_folder_of
-from latentloop.train.trainer import load_run_config
+from latentloop.train.run_config import load_run_config
 
 
 def decode_all(model, task, problems, depth: int, exit_spec: str | None) -> dict:

@@ -45,15 +45,10 @@ from latentloop.io import emit_json_report
 from latentloop.models.reasoners import REASONERS, Reasoner, build_reasoner, num_parameters
 from latentloop.nn import compile_blocks
 from latentloop.tasks.base import Task, get_task
-from latentloop.train.deep_supervision import (
-    ReasonerRunConfig,
-    build_reasoner_config,
-    fit_to_task,
-    next_step_continue_target,
-    supervision_loss,
-    train_batch,
-)
+from latentloop.train.deep_supervision import next_step_continue_target, supervision_loss
 from latentloop.train.optim import build_optimizer
+from latentloop.train.puzzle_batches import train_batch
+from latentloop.train.run_config import ReasonerRunConfig, build_reasoner_config, fit_to_task
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "configs"

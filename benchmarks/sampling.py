@@ -34,7 +34,7 @@ from latentloop.infer.scaling import solve
 from latentloop.io import emit_json_report
 from latentloop.models.reasoners import Reasoner, build_reasoner, num_parameters
 from latentloop.tasks.base import Task, get_task
-from latentloop.train.deep_supervision import build_reasoner_config, fit_to_task
+from latentloop.train.run_config import build_reasoner_config, fit_to_task
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "configs"

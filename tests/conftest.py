@@ -24,11 +24,12 @@ def tiny_lm() -> RecurrentDepthLM:
 @pytest.fixture(scope="module")
 def gram_run(tmp_path_factory):
     """A GRAM run trained for two batches on N-Queens 5x5 (one per test module)."""
-    from latentloop.train.deep_supervision import build_reasoner_config, train_reasoner
+    from latentloop.train.loop import train
+    from latentloop.train.run_config import build_reasoner_config
 
     run = tmp_path_factory.mktemp("gram") / "run"
     data = tiny_run(
         TINY_REASONER, arch="gram", model={"cycles": 1, "inner": 1}, train={"steps": 2, "eval_size": 0}
     )
-    train_reasoner(build_reasoner_config(data), run)
+    train(build_reasoner_config(data), run)
     return run

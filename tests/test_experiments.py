@@ -9,7 +9,9 @@ import yaml
 
 from latentloop.cli import main
 from latentloop.errors import UsageError
-from latentloop.experiments import available_experiments, load_experiment, report_markdown, run_experiment
+from latentloop.experiments import available_experiments, load_experiment
+from latentloop.experiments.report import report_markdown
+from latentloop.experiments.runner import run_experiment
 from tests.tiny import TINY_LM, TINY_REASONER, tiny_run
 
 TINY_MODEL = TINY_REASONER["model"]
@@ -64,12 +66,13 @@ def test_second_run_skips_finished_parts(tmp_path):
 
 
 def test_interrupted_model_resumes_from_its_checkpoint(tmp_path):
-    from latentloop.train.deep_supervision import build_reasoner_config, train_reasoner
+    from latentloop.train.loop import train
+    from latentloop.train.run_config import build_reasoner_config
 
     experiment = load_experiment(str(write_experiment(tmp_path)))
     gram = experiment.models[0]
     config = build_reasoner_config(yaml.safe_load(gram.config.read_text()))
-    train_reasoner(config, tmp_path / "out" / "gram", stop_at=2)  # as if killed after two batches
+    train(config, tmp_path / "out" / "gram", stop_at=2)  # as if killed after two batches
     results = run_experiment(experiment, tmp_path / "out", progress=False, log=lambda _: None)
     metrics = [json.loads(x) for x in (tmp_path / "out" / "gram" / "metrics.jsonl").read_text().splitlines()]
     assert results["models"]["gram"]["train"]["step"] == 3

@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 import yaml
 
 from latentloop.errors import UsageError
+from latentloop.io import atomic_write_text
 
 T = TypeVar("T")
 
@@ -160,7 +161,5 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
 
 def save_yaml(config: Any, path: str | Path) -> None:
     """Write a dataclass config as YAML, atomically."""
-    from latentloop.io import atomic_write_text
-
     data = config if isinstance(config, dict) else to_dict(config)
     atomic_write_text(Path(path), yaml.safe_dump(json.loads(json.dumps(data)), sort_keys=False))

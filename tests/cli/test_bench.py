@@ -64,12 +64,13 @@ def test_a_benchmark_refuses_a_bad_argument_in_one_line(capsys):
 
 
 def test_gram_guidance_reports_every_hand_over_step_and_refuses_a_deterministic_run(tmp_path, capsys):
-    from latentloop.train.deep_supervision import build_reasoner_config, train_reasoner
+    from latentloop.train.loop import train
+    from latentloop.train.run_config import build_reasoner_config
     from tests.tiny import TINY_REASONER, tiny_run
 
     for arch in ("gram", "trm"):
         data = tiny_run(TINY_REASONER, arch=arch, train={"steps": 1, "eval_size": 0})
-        train_reasoner(build_reasoner_config(data), tmp_path / arch)
+        train(build_reasoner_config(data), tmp_path / arch)
     capsys.readouterr()
     assert main(["bench", "gram_guidance", str(tmp_path / "gram"), "--limit", "4"]) == 0
     report = json.loads(capsys.readouterr().out)

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from latentloop.cli import main
-from latentloop.train import deep_supervision, trainer
+from latentloop.train import loop
 
 FUZZ = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -91,13 +91,9 @@ def stub_training(monkeypatch):
     """A config that passes validation 'trains' instantly; everything before the training loop is real."""
 
     def fake_train(config, out_dir, **_):
-        return trainer.TrainResult(Path(out_dir), 0, [], None, "steps", 0, "fp32", 0.0, 0)
+        return loop.TrainResult(Path(out_dir), 0, [], None, "steps", "fp32", 0.0, 0, {"tokens_seen": 0})
 
-    def fake_train_reasoner(config, out_dir, **_):
-        return deep_supervision.ReasonerTrainResult(Path(out_dir), 0, [], None, "steps", 0, "fp32", 0.0, 0, 0)
-
-    monkeypatch.setattr(trainer, "train", fake_train)
-    monkeypatch.setattr(deep_supervision, "train_reasoner", fake_train_reasoner)
+    monkeypatch.setattr(loop, "train", fake_train)
 
 
 @FUZZ

@@ -16,8 +16,8 @@ from latentloop.cli import main
 from latentloop.eval.generation import sample_blanks
 from latentloop.eval.reasoners import load_run
 from latentloop.train.checkpoint import latest_checkpoint
-from latentloop.train.deep_supervision import build_reasoner_config, train_reasoner
-from latentloop.train.trainer import build_run_config, train
+from latentloop.train.loop import train
+from latentloop.train.run_config import build_reasoner_config, build_run_config
 from tests.tiny import TINY_LM, TINY_REASONER, tiny_run
 
 
@@ -26,7 +26,7 @@ def _train_tiny(out: Path, arch: str, task: dict) -> Path:
     data = copy.deepcopy(TINY_REASONER)
     data["task"] = task
     data["train"].update(steps=2, eval_size=0, augment=False, train_size=32, test_size=8)
-    train_reasoner(build_reasoner_config(data, arch=arch), out)
+    train(build_reasoner_config(data, arch=arch), out)
     return out
 
 

@@ -10,8 +10,8 @@ import yaml
 
 from latentloop.cli import main
 from latentloop.train.checkpoint import latest_checkpoint
-from latentloop.train.deep_supervision import build_reasoner_config, train_reasoner
-from latentloop.train.trainer import build_run_config, train
+from latentloop.train.loop import train
+from latentloop.train.run_config import build_reasoner_config, build_run_config
 from tests.tiny import TINY_LM, TINY_REASONER, tiny_run
 
 LM = tiny_run(TINY_LM, train={"steps": 2, "eval_size": 0})
@@ -84,7 +84,7 @@ def test_a_damaged_checkpoint_is_one_line_and_changes_nothing(
 
 def test_a_checkpoint_of_another_model_is_refused(tmp_path, lm_config, capsys):
     out = tmp_path / "puzzle"
-    train_reasoner(build_reasoner_config(REASONER), out)
+    train(build_reasoner_config(REASONER), out)
     before = _snapshot(out)
     _train(capsys, lm_config, out)
     assert _snapshot(out) == before

@@ -82,11 +82,17 @@ def test_deterministic_models_run_one_trajectory_for_all_samples():
 
 
 def test_halting_freezes_answers():
-    model = _model("looped")
+    model = _model("hrm")
+    x = torch.randint(1, 3, (2, 16), generator=torch.Generator().manual_seed(0))
+    free = solve(model, x, steps=4, samples=2)
+    # This model's answers change after the first step, so an answer frozen at step 1 differs from the last.
+    assert not torch.equal(free.predictions[0], free.predictions[-1])
     torch.nn.init.constant_(model.halt_head.proj.bias, 10.0)  # always halt after the first step
-    result = solve(model, torch.randint(1, 3, (2, 16)), steps=4, samples=2, halt=True)
+    result = solve(model, x, steps=4, samples=2, halt=True)
     assert (result.halted_at == 1).all()
-    assert torch.equal(result.predictions[0], result.predictions[-1])
+    for step in range(4):
+        assert torch.equal(result.predictions[step], free.predictions[0])
+        assert torch.equal(result.values[step], free.values[0])
 
 
 def test_solve_rejects_a_puzzle_of_the_wrong_size():

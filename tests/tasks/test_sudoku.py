@@ -223,7 +223,7 @@ def test_bad_options(options: dict[str, str]) -> None:
 
 def test_string_options() -> None:
     task = get_task("sudoku", n="4", augment="2", min_rating="0")
-    assert task.box == (2, 2) and task.augment == 2 and task.vocab_size == 6
+    assert task.box == (2, 2) and task.augmented_copies == 2 and task.vocab_size == 6
 
 
 def test_unconditional_rows_map_the_empty_grid_to_random_complete_boards() -> None:

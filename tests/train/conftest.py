@@ -6,7 +6,7 @@ import copy
 
 import pytest
 
-from latentloop.train.trainer import RunConfig, build_run_config
+from latentloop.train.run_config import RunConfig, build_run_config
 from tests.tiny import TINY_LM
 
 

@@ -19,13 +19,12 @@ from latentloop.train import distributed as dist
 from latentloop.train.deep_supervision import (
     SLOTS_FILE,
     HaltedReplacement,
-    build_reasoner_config,
-    fit_to_task,
     model_noise_seed,
     stablemax_log_probs,
-    train_batch,
-    train_reasoner,
 )
+from latentloop.train.loop import train
+from latentloop.train.puzzle_batches import train_batch
+from latentloop.train.run_config import build_reasoner_config, fit_to_task
 from tests.tiny import TINY_REASONER
 
 TINY = TINY_REASONER
@@ -37,10 +36,10 @@ def config(arch="gram", model=None, **train):
 
 
 def test_resumed_training_continues_exactly(tmp_path):
-    whole = train_reasoner(config(), tmp_path / "whole")
-    first = train_reasoner(config(), tmp_path / "split", stop_at=2)
+    whole = train(config(), tmp_path / "whole")
+    first = train(config(), tmp_path / "split", stop_at=2)
     assert first.stopped == "stop_at" and first.step == 2
-    second = train_reasoner(config(), tmp_path / "split")
+    second = train(config(), tmp_path / "split")
     assert second.resumed_from == 2
     assert len(whole.losses) == 4 * 2  # one loss per supervision step (n_sup = 2 per batch)
     assert first.losses + second.losses == whole.losses
@@ -52,15 +51,15 @@ def test_halted_replacement_resumes_exactly_with_samples_in_flight(tmp_path, mon
     # steps, so every checkpoint has samples in the middle of their supervision steps.
     monkeypatch.setattr("latentloop.models.reasoners.heads._INITIAL_BIAS", 5.0)
     run = dict(replace_halted=True, halt_exploration=0.5, steps=4, model={"n_sup": 3, "halting": halting})
-    whole = train_reasoner(config(**run), tmp_path / "whole")
-    first = train_reasoner(config(**run), tmp_path / "split", stop_at=2)
+    whole = train(config(**run), tmp_path / "whole")
+    first = train(config(**run), tmp_path / "split", stop_at=2)
     slots = load_file(str(first.checkpoint / SLOTS_FILE))
     assert len(set(slots["0.steps"].tolist())) > 1, "samples in flight at different steps"
-    second = train_reasoner(config(**run), tmp_path / "split")
+    second = train(config(**run), tmp_path / "split")
     assert second.resumed_from == 2
     assert first.losses + second.losses == whole.losses
     # Samples that halt after fewer than n_sup steps make room for more samples than fixed batches see.
-    assert whole.examples_seen > 4 * 8
+    assert whole.counts["examples_seen"] > 4 * 8
 
 
 def test_halted_samples_are_replaced_and_the_others_keep_their_carry():
@@ -105,10 +104,10 @@ def test_halted_samples_are_replaced_and_the_others_keep_their_carry():
 def test_compiled_training_follows_the_eager_run(tmp_path):
     """``train.compile`` changes kernels, not the run: same noise draws, losses equal up to float rounding,
     a checkpoint an eager model loads."""
-    eager = train_reasoner(config(steps=2, eval_size=0), tmp_path / "eager")
+    eager = train(config(steps=2, eval_size=0), tmp_path / "eager")
     counters.clear()
     run = config(steps=2, eval_size=0, compile=True)
-    compiled = train_reasoner(run, tmp_path / "compiled")
+    compiled = train(run, tmp_path / "compiled")
     blocks = sum(
         isinstance(m, Block) for m in build_reasoner("gram", run.model).modules()
     )  # fitted to the task
@@ -132,13 +131,13 @@ def test_model_noise_is_a_pure_function_of_seed_step_and_rank():
 
 
 def test_every_supervision_step_is_an_optimizer_step(tmp_path):
-    result = train_reasoner(config("trm", steps=1, eval_size=0), tmp_path / "run")
+    result = train(config("trm", steps=1, eval_size=0), tmp_path / "run")
     state = torch.load(result.checkpoint / "optimizer.pt", weights_only=True)["optimizer"]["state"]
     assert {int(s["step"]) for s in state.values()} == {2}
 
 
 def test_loss_falls_on_a_tiny_task(tmp_path):
-    result = train_reasoner(config("looped", steps=30, lr=1e-2, eval_size=0, batch_size=16), tmp_path / "run")
+    result = train(config("looped", steps=30, lr=1e-2, eval_size=0, batch_size=16), tmp_path / "run")
     early, late = sum(result.losses[:6]) / 6, sum(result.losses[-6:]) / 6
     assert late < early
 
@@ -166,7 +165,7 @@ def test_augmented_batches_stay_valid():
 def test_config_that_does_not_fit_the_task(tmp_path):
     bad = build_reasoner_config({**TINY, "model": {**TINY["model"], "seq_len": 16}}, arch="gram")
     with pytest.raises(UsageError, match="seq_len"):
-        train_reasoner(bad, tmp_path / "run")
+        train(bad, tmp_path / "run")
 
 
 def test_unknown_model_and_task():
@@ -203,7 +202,7 @@ def test_arc_trains_a_puzzle_embedding_per_copy_and_scores_pass_at_2(tmp_path):
         },
         "task": {"name": "arc-agi-1", "augment": 1},
     }
-    result = train_reasoner(build_reasoner_config(data, arch="trm"), tmp_path / "run")
+    result = train(build_reasoner_config(data, arch="trm"), tmp_path / "run")
     dataset = load_dataset(tmp_path / "run" / "data")
     ids = {int(p) for split in ("train", "test") for p in dataset.split(split)["puzzle_ids"]}
     model = load_reasoner(result.checkpoint)
@@ -238,4 +237,4 @@ def test_ar_and_mdlm_refuse_a_task_that_needs_puzzle_embeddings(tmp_path):
         "train": {**TINY["train"], "train_size": 1, "test_size": 1},
     }
     with pytest.raises(UsageError, match="puzzle embeddings"):
-        train_reasoner(build_reasoner_config(data, arch="mdlm"), tmp_path / "run")
+        train(build_reasoner_config(data, arch="mdlm"), tmp_path / "run")

@@ -21,8 +21,9 @@ from safetensors.torch import load_file
 from latentloop.errors import UsageError
 from latentloop.models.recurrent_depth import RecurrentDepthLM
 from latentloop.train import distributed as dist
-from latentloop.train.deep_supervision import SLOTS_FILE, build_reasoner_config, train_reasoner
-from latentloop.train.trainer import build_run_config, train
+from latentloop.train.deep_supervision import SLOTS_FILE
+from latentloop.train.loop import train
+from latentloop.train.run_config import build_reasoner_config, build_run_config
 from tests.tiny import TINY_LM, TINY_REASONER, tiny_run
 
 TOLERANCE = 1e-5
@@ -208,7 +209,7 @@ def test_train_parallel_is_checked_and_fsdp_in_one_process_is_plain_training(one
 
 def test_deep_supervision_ranks_stay_in_step(two_process_runs, tmp_path):
     root, _ = two_process_runs
-    one = train_reasoner(build_reasoner_config(REASONER), tmp_path / "one")
+    one = train(build_reasoner_config(REASONER), tmp_path / "one")
     two = _losses(root / "reasoner")
     assert sorted(two) == [1, 2, 3]
     # Logged per batch: the mean of its n_sup supervision losses.
@@ -230,7 +231,7 @@ def test_replacing_halted_samples_saves_every_ranks_slots_and_resumes_in_one_pro
     shutil.copytree(root / "replacing", run)
     lines: list[str] = []
     config = build_reasoner_config(REASONER, ["train.replace_halted=true"])
-    resumed = train_reasoner(config, run, log=lines.append)
+    resumed = train(config, run, log=lines.append)
     assert resumed.resumed_from == 2 and resumed.step == 3
     assert any("start with fresh samples" in line for line in lines)
 
@@ -278,5 +279,5 @@ def test_a_process_group_the_trainer_created_is_gone_when_it_returns(trainer, tm
     if trainer == "lm":
         train(build_run_config(LM, ["train.steps=1"]), tmp_path / "lm")
     else:
-        train_reasoner(build_reasoner_config(REASONER, ["train.steps=1"]), tmp_path / "reasoner")
+        train(build_reasoner_config(REASONER, ["train.steps=1"]), tmp_path / "reasoner")
     assert not torch.distributed.is_initialized()

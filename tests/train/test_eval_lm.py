@@ -15,7 +15,7 @@ from latentloop.eval.lm import evaluate_lm, heldout_metric
 from latentloop.tasks.arithmetic import ArithmeticTask
 from latentloop.tasks.text import TextTask
 from latentloop.train.checkpoint import latest_checkpoint
-from latentloop.train.trainer import train
+from latentloop.train.loop import train
 
 
 class _Oracle(nn.Module):

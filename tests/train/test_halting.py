@@ -14,13 +14,9 @@ from latentloop.errors import UsageError
 from latentloop.infer.scaling import solve
 from latentloop.models.reasoners import ReasonerConfig, TRMReasoner, build_reasoner
 from latentloop.models.reasoners.heads import continue_target
-from latentloop.train.deep_supervision import (
-    TRAIN_WEIGHTS,
-    build_reasoner_config,
-    next_step_continue_target,
-    supervision_loss,
-    train_reasoner,
-)
+from latentloop.train.deep_supervision import TRAIN_WEIGHTS, next_step_continue_target, supervision_loss
+from latentloop.train.loop import train
+from latentloop.train.run_config import build_reasoner_config
 from tests.tiny import TINY_REASONER, tiny_run
 
 TINY = tiny_run(TINY_REASONER, train={"eval_size": 0})
@@ -88,6 +84,7 @@ def test_continue_loss_is_added_to_the_halting_loss():
         continue_logit=torch.tensor([-0.4, 2.0]),
         value=torch.tensor([0.5, 0.5]),
         kl=torch.zeros(2),
+        loss=None,
     )
     target = torch.tensor([0.9, 0.2])
     plain, plain_parts = supervision_loss(out, labels, 0.0, tc)
@@ -98,9 +95,9 @@ def test_continue_loss_is_added_to_the_halting_loss():
 
 
 def test_q_learning_run_trains_the_continue_head_and_resumes_exactly(tmp_path):
-    whole = train_reasoner(run_config("gram", "q-learning"), tmp_path / "whole")
-    first = train_reasoner(run_config("gram", "q-learning"), tmp_path / "split", stop_at=2)
-    second = train_reasoner(run_config("gram", "q-learning"), tmp_path / "split")
+    whole = train(run_config("gram", "q-learning"), tmp_path / "whole")
+    first = train(run_config("gram", "q-learning"), tmp_path / "split", stop_at=2)
+    second = train(run_config("gram", "q-learning"), tmp_path / "split")
     assert second.resumed_from == 2
     assert all(math.isfinite(v) for v in whole.losses) and len(whole.losses) == 4 * 2
     assert first.losses + second.losses == whole.losses
@@ -109,7 +106,7 @@ def test_q_learning_run_trains_the_continue_head_and_resumes_exactly(tmp_path):
 
 
 def test_bce_run_leaves_the_continue_head_untouched(tmp_path):
-    result = train_reasoner(run_config("hrm", "bce", steps=1), tmp_path / "run")
+    result = train(run_config("hrm", "bce", steps=1), tmp_path / "run")
     weights = load_file(str(result.checkpoint / TRAIN_WEIGHTS))
     assert torch.equal(weights["halt_head.continue_proj.weight"], torch.zeros(1, 16))
     assert torch.equal(weights["halt_head.continue_proj.bias"], torch.tensor([-5.0]))
@@ -141,20 +138,34 @@ def test_solve_halts_by_the_models_rule(halting):
     with torch.no_grad():
         model.halt_head.proj.weight.normal_(generator=torch.Generator().manual_seed(3))
         q_halt = model(model.initial_carry({"inputs": x}), {"inputs": x})[1].halt_logit
-        # Every q_halt of step 1 below 0 (sigmoid < 0.5), and q_continue a constant between them: the two
-        # rules then disagree on about half of the puzzles at step 1.
-        model.halt_head.proj.bias -= float(q_halt.max()) + 0.1
-        model.halt_head.continue_proj.bias.fill_(float(q_halt.median() - q_halt.max() - 0.1))
+        # Shift q_halt so that 0 falls between its 5th and 6th smallest value at step 1 (sigmoid > 0.5 for
+        # 4 puzzles), and set q_continue, a constant, between the 2nd and 3rd (q_halt above it for 7): the
+        # two rules then disagree on 3 puzzles at step 1.
+        ordered = q_halt.sort().values
+        middle = float(ordered[4] + ordered[5]) / 2
+        model.halt_head.proj.bias -= middle
+        model.halt_head.continue_proj.bias.fill_(float(ordered[1] + ordered[2]) / 2 - middle)
     q_rule = _first_stop(model, x, steps, lambda h, c: h > c)
     bce_rule = _first_stop(model, x, steps, lambda h, c: torch.sigmoid(h) > 0.5)
-    assert (q_rule == 1).any() and (q_rule > 1).any() and not (bce_rule == 1).any()
+    assert int((q_rule == 1).sum()) == 7 and int((bce_rule == 1).sum()) == 4
     expected = q_rule if halting == "q-learning" else bce_rule
+    free = solve(model, x, steps=steps, samples=samples)
     result = solve(model, x, steps=steps, samples=samples, halt=True)
     assert torch.equal(result.halted_at, expected.expand(samples, -1))
-    # A halted sample keeps the answer of its halting step.
-    halted = int(torch.nonzero(expected == 1)[0]) if (expected == 1).any() else None
-    if halted is not None:
-        assert torch.equal(result.predictions[-1, 0, halted], result.predictions[0, 0, halted])
+    # A halted sample keeps the answer and value of its halting step; the others follow the model's steps.
+    for puzzle, stop in enumerate(expected.tolist()):
+        for step in range(steps):
+            kept = min(step, stop - 1)
+            assert torch.equal(result.predictions[step, :, puzzle], free.predictions[kept, :, puzzle])
+            assert torch.equal(result.values[step, :, puzzle], free.values[kept, :, puzzle])
+    # Without halting, some answers that halting keeps would have changed later: the freeze is visible.
+    would_change = [
+        puzzle
+        for puzzle, stop in enumerate(expected.tolist())
+        if not torch.equal(free.predictions[stop - 1, 0, puzzle], free.predictions[-1, 0, puzzle])
+    ]
+    assert would_change
+    assert not torch.equal(result.predictions, free.predictions)
 
 
 def test_weights_saved_without_a_continue_head_still_load(tmp_path):

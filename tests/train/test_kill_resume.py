@@ -20,7 +20,8 @@ import yaml
 from safetensors.torch import load_file
 
 from latentloop.train.checkpoint import latest_checkpoint, list_checkpoints
-from latentloop.train.trainer import build_run_config, train
+from latentloop.train.loop import train
+from latentloop.train.run_config import build_run_config
 from tests.tiny import TINY_LM
 
 STEPS = 10
@@ -118,14 +119,17 @@ class Run:
         process.communicate()
         assert process.returncode == -signal.SIGKILL, process.returncode
 
-    def killed_after(self, step: int, delay_s: float) -> None:
-        """SIGKILL once the run has logged ``step`` (plus ``delay_s``), wherever it then is."""
+    def killed_after(self, step: int, delay_s: float) -> bool:
+        """SIGKILL once the run has logged ``step`` (plus ``delay_s``), wherever it then is. Returns whether the
+        process was still running just before the kill (a kill after it ended interrupts nothing)."""
         process = self.start()
         while process.poll() is None and self.logged_step() < step:
             time.sleep(0.005)
         time.sleep(delay_s)
+        running = process.poll() is None
         process.send_signal(signal.SIGKILL)
         process.communicate()
+        return running
 
     def finish(self) -> None:
         process = self.start()
@@ -188,7 +192,8 @@ def test_killed_at_random_moments(tmp_path, reference, seed):
     chance = random.Random(seed)
     for _ in range(2):
         low = min(run.logged_step() + 1, STEPS - 1)
-        run.killed_after(step=chance.randint(low, STEPS - 1), delay_s=chance.uniform(0, 0.05))
+        step, delay_s = chance.randint(low, STEPS - 1), chance.uniform(0, 0.05)
+        assert run.killed_after(step=step, delay_s=delay_s), f"the run had ended before the kill at {step}"
     run.finish()
     assert not run.temporary_folders()
     run.assert_matches(reference)

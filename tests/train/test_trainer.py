@@ -16,18 +16,13 @@ from torch._dynamo.utils import counters
 from latentloop.errors import UsageError
 from latentloop.models.recurrent_depth import RecurrentDepthLM
 from latentloop.nn import Block
-from latentloop.train import trainer as trainer_module
+from latentloop.train import precision as precision_module
 from latentloop.train.checkpoint import latest_checkpoint, list_checkpoints
+from latentloop.train.loop import train
+from latentloop.train.objective import TrainingError
+from latentloop.train.precision import choose_precision, resumed_precision
 from latentloop.train.recurrence import sampler_for
-from latentloop.train.trainer import (
-    RunConfig,
-    TrainingError,
-    build_run_config,
-    choose_precision,
-    load_run_config,
-    resumed_precision,
-    train,
-)
+from latentloop.train.run_config import RunConfig, build_run_config, load_run_config, save_run_config
 
 
 def _with(config: RunConfig, **train_fields) -> RunConfig:
@@ -167,13 +162,13 @@ def test_bf16_training_runs(tiny_config, tmp_path):
 
 
 def test_auto_precision_measures_instead_of_guessing(tiny_config, monkeypatch):
-    model = tiny_config.model
-    monkeypatch.setattr(trainer_module, "measure_matmul_speed", lambda *a, **k: {"fp32": 1.0, "bf16": 3.0})
-    assert choose_precision("auto", model, 512, "cpu") == "fp32"
-    monkeypatch.setattr(trainer_module, "measure_matmul_speed", lambda *a, **k: {"fp32": 1.0, "bf16": 0.5})
-    assert choose_precision("auto", model, 512, "cpu") == "bf16"
-    assert choose_precision("fp32", model, 512, "cpu") == "fp32"
-    timing = trainer_module.measure_matmul_speed(64, 32, 64, repeats=2)
+    shape = tiny_config.model.n_embd, tiny_config.model.intermediate_size
+    monkeypatch.setattr(precision_module, "measure_matmul_speed", lambda *a, **k: {"fp32": 1.0, "bf16": 3.0})
+    assert choose_precision("auto", *shape, 512, "cpu") == "fp32"
+    monkeypatch.setattr(precision_module, "measure_matmul_speed", lambda *a, **k: {"fp32": 1.0, "bf16": 0.5})
+    assert choose_precision("auto", *shape, 512, "cpu") == "bf16"
+    assert choose_precision("fp32", *shape, 512, "cpu") == "fp32"
+    timing = precision_module.measure_matmul_speed(64, 32, 64, repeats=2)
     assert timing["fp32"] > 0 and timing["bf16"] > 0
 
 
@@ -192,7 +187,7 @@ def test_run_config_overrides_and_round_trip(tiny_data, tmp_path):
     assert config.model.n_embd == 64 and config.train.lr == 1e-3 and config.task.options["digits"] == 3
     assert config.train.betas == (0.8, 0.9)
     path = tmp_path / "config.yaml"
-    trainer_module.save_run_config(config, path)
+    save_run_config(config, path)
     assert "digits: 3" in path.read_text()  # task options are written flat
     assert load_run_config(path) == config
     assert build_run_config(tiny_data, ["task.ops=-"]).task.options["ops"] == "-"
@@ -233,13 +228,13 @@ def test_auto_precision_resumes_with_the_choice_the_run_started_with():
 
 
 def test_progress_bar_counts_down_the_sooner_of_steps_and_budget():
-    from latentloop.train.trainer import _ProgressBar
+    from latentloop.train.monitor import ProgressBar
 
     now = time.perf_counter()
-    budget_bound = _ProgressBar(False, total=1000, completed=0, budget_s=60.0, started=now - 50.0)
+    budget_bound = ProgressBar(False, total=1000, completed=0, budget_s=60.0, started=now - 50.0)
     budget_bound.first_time = now - 1.0  # one step took a second: 999 s by the steps, 10 s by the budget
     assert 9.0 < budget_bound.seconds_left(1) <= 10.0
-    steps_bound = _ProgressBar(False, total=11, completed=1, started=now)
+    steps_bound = ProgressBar(False, total=11, completed=1, started=now)
     steps_bound.first_time = now - 2.0  # two steps since the resume took two seconds: 8 left
     assert 8.0 <= steps_bound.seconds_left(3) < 8.5
     assert steps_bound.seconds_left(1) == math.inf  # no step yet: no estimate

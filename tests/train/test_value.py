@@ -18,7 +18,8 @@ from latentloop.models.reasoners.heads import VALUE_HEAD_FILE, SequenceValueHead
 from latentloop.tasks.base import get_task
 from latentloop.tasks.nqueens import all_solutions, board_from_columns
 from latentloop.train.checkpoint import latest_checkpoint
-from latentloop.train.deep_supervision import build_reasoner_config, train_reasoner
+from latentloop.train.loop import train
+from latentloop.train.run_config import build_reasoner_config
 from latentloop.train.value import fit_value_head, roc_auc
 from tests.tiny import TINY_REASONER, tiny_run
 
@@ -130,7 +131,7 @@ def test_fit_value_refuses_deterministic_models_and_folders_without_a_checkpoint
         model={"n_sup": 1, "cycles": 1, "inner": 1},
         train={"batch_size": 4, "steps": 1, "eval_size": 0},
     )
-    train_reasoner(build_reasoner_config(data), run)
+    train(build_reasoner_config(data), run)
     assert main(["fit-value", str(run), "--steps", "1"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error:") and "trm" in err and len(err.splitlines()) == 1

@@ -56,8 +56,7 @@ def run_command(
         DEFAULT_EXPERIMENT,
         available_experiments,
         load_experiment,
-        report_markdown,
-        run_experiment,
+        positive_number,
     )
 
     if list_only:
@@ -72,8 +71,6 @@ def run_command(
         return
     budget = None
     if budget_minutes is not None:
-        from latentloop.experiments import positive_number
-
         budget = positive_number(budget_minutes, "--budget-minutes")
     overrides = list(overrides or [])
     if experiment is not None and "=" in experiment:  # `latentloop run train.seed=1`: the default experiment
@@ -83,6 +80,9 @@ def run_command(
 
     def log(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
+
+    from latentloop.experiments.report import report_markdown
+    from latentloop.experiments.runner import run_experiment
 
     results = run_experiment(spec, out_dir, budget_minutes=budget, progress=not json_output, log=log)
     if report:
@@ -104,7 +104,7 @@ def run_command(
 
 def summary_lines(results: dict) -> list[str]:
     """The summary table printed after a run, one line per model (its shape depends on the experiment's kind)."""
-    from latentloop.experiments import summary_rows
+    from latentloop.experiments.report import summary_rows
 
     rows = summary_rows(results)
     if results.get("kind") == "generation":

@@ -64,13 +64,13 @@ def sample(
     """Sample answers to the task's blank puzzle (unconditional generation) and judge them: the fraction the
     task's verifier accepts (Sudoku: valid complete boards) and, for digits, an Inception-Score-like figure and
     a Fréchet distance beside those of real held-out digits; digits samples are drawn as a PNG grid."""
-    from latentloop.cli.train import _checkpoint_type
     from latentloop.eval.generation import sample_run
+    from latentloop.families import REASONER, checkpoint_model_type
 
     if n < 1:
         raise UsageError(f"--n must be at least 1, got {n}")
-    kind = _checkpoint_type(run)
-    if not kind.startswith("reasoner-"):
+    kind = checkpoint_model_type(run)
+    if not REASONER.owns_model_type(kind):
         raise UsageError(f"{run}: sample needs a puzzle reasoner run, this checkpoint is {kind!r}")
     report = sample_run(run, n, steps, seed, temperature, batch_size, out, task)
     typer.echo(json.dumps(report) if json_output else _human(report))

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import numpy as np
 import typer
 
 from latentloop.cli.app import app, data_app
@@ -93,11 +92,6 @@ def build(
 # ------------------------------------------------------------------------------------------------------
 
 
-def _parse_answer(task: Task, text: str, puzzle: Any) -> Any:
-    parse_answer = getattr(task, "parse_answer", None)
-    return parse_answer(text, puzzle) if parse_answer else task.parse(text)
-
-
 @app.command("check", context_settings=_EXTRA)
 def check(
     ctx: typer.Context,
@@ -111,7 +105,7 @@ def check(
     """Check an answer with the task's verifier: exit 0 when valid, 1 when not, 2 on bad input."""
     the_task, _ = _task(task, ctx, n=n, colors=colors)
     the_puzzle = the_task.parse(puzzle)
-    the_answer = _parse_answer(the_task, answer, the_puzzle)
+    the_answer = the_task.parse_answer(answer, the_puzzle)
     violations = int(the_task.violations(the_puzzle, the_answer))
     valid = violations == 0
     _emit(
@@ -126,85 +120,6 @@ def check(
 # ------------------------------------------------------------------------------------------------------
 # solve
 # ------------------------------------------------------------------------------------------------------
-
-
-def _exact_sudoku(task: Any, puzzle: np.ndarray, all_: bool, limit: int | None) -> tuple[dict, str, bool]:
-    if all_:
-        cap = limit or 1000
-        result = task.solve(puzzle, limit=cap, keep=cap)
-        found = [task.format(s) for s in result.solutions]
-        payload = {
-            "count": result.count,
-            "capped": result.count >= cap,
-            "guesses": result.guesses,
-            "solutions": found,
-        }
-        text = "\n".join(
-            [
-                *found,
-                f"count: {result.count}{'+' if result.count >= cap else ''}",
-                f"guesses: {result.guesses}",
-            ]
-        )
-        return payload, text, result.count > 0
-    result = task.solve(puzzle, limit=2)
-    solution = task.format(result.solution) if result.solution is not None else None
-    payload = {
-        "solution": solution,
-        "count": result.count,
-        "unique": result.count == 1,
-        "guesses": result.guesses,
-    }
-    if solution is None:
-        return payload, f"no solution\nguesses: {result.guesses}", False
-    count = "1 (unique)" if result.count == 1 else "2+ (not unique)"
-    text = f"{task.format(result.solution, pretty=True)}\nsolution: {solution}\ncount: {count}\nguesses: {result.guesses}"
-    return payload, text, True
-
-
-def _exact_nqueens(task: Any, puzzle: np.ndarray, all_: bool, limit: int | None) -> tuple[dict, str, bool]:
-    found = task.solutions(puzzle, limit=limit if all_ else 2)
-    boards = [task.format(b) for b in found]
-    if all_:
-        payload = {"count": len(found), "solutions": boards}
-        return payload, "\n".join([*boards, f"count: {len(found)}"]), bool(found)
-    payload = {"solution": boards[0] if boards else None, "count": len(found), "unique": len(found) == 1}
-    if not found:
-        return payload, "no solution", False
-    count = "1 (unique)" if len(found) == 1 else "2+ (use --all to list every completion)"
-    return payload, f"{task.format(found[0], pretty=True)}\nsolution: {boards[0]}\ncount: {count}", True
-
-
-def _exact_graph(task: Any, puzzle: Any, all_: bool, limit: int | None) -> tuple[dict, str, bool]:
-    found, finished = task.solve(puzzle, limit=limit if all_ else 1)
-    k = task.colors
-    payload: dict[str, Any] = {
-        "colors": k,
-        "vertices": puzzle.n,
-        "edges": len(puzzle.edges),
-        "finished": finished,
-    }
-    if not found and not finished:
-        payload["colorable"] = None
-        return payload, f"undecided: the search for a {k}-colouring gave up", False
-    payload["colorable"] = bool(found)
-    if not found:
-        return payload, f"no {k}-colouring exists", False
-    if all_:
-        payload.update(count=len(found), colorings=[task.format(c) for c in found])
-        return payload, "\n".join([*payload["colorings"], f"count: {len(found)}"]), True
-    payload["coloring"] = list(found[0])
-    return payload, f"{k}-colouring: {task.format(found[0])}", True
-
-
-_EXACT = {"sudoku": _exact_sudoku, "nqueens": _exact_nqueens, "graph-coloring": _exact_graph}
-
-
-def _solve_exact(task: Task, puzzle: Any, all_: bool, limit: int | None) -> tuple[dict, str, bool]:
-    solver = _EXACT.get(task.name)
-    if solver is None:
-        raise UsageError(f"task {task.name!r} has no exact solver (it is solved with --model)")
-    return solver(task, puzzle, all_, limit)
 
 
 @app.command("solve", context_settings=_EXTRA)
@@ -253,7 +168,7 @@ def solve(
             "use --exact or --model RUN for others)"
         ) from None
     if exact:
-        payload, text, solved = _solve_exact(the_task, the_puzzle, all_, limit)
+        payload, text, solved = the_task.solve_exact(the_puzzle, all_, limit)
     else:
         if samples < 1:
             raise UsageError(f"--samples must be at least 1, got {samples}")

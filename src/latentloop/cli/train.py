@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,15 +12,6 @@ import typer
 
 from latentloop.cli.app import TEMPERATURE, app, data_app  # noqa: F401
 from latentloop.errors import UsageError
-
-
-@dataclass(frozen=True)
-class ModelEntry:
-    """How the command line trains and evaluates one model family."""
-
-    train: Callable[..., dict[str, Any]]
-    evaluate: Callable[..., dict[str, Any]]
-    checkpoint_types: tuple[str, ...]  # ``model_type`` values of its checkpoints' config.json
 
 
 def _budget_overrides(overrides: list[str], steps: int | None, budget_minutes: float | None) -> list[str]:
@@ -35,15 +24,15 @@ def _budget_overrides(overrides: list[str], steps: int | None, budget_minutes: f
     return extra
 
 
-def _summary(result: Any, **counts: Any) -> dict[str, Any]:
-    """The JSON-able outcome of a training run (fields both trainers' results share, plus ``counts``)."""
+def _summary(result: Any) -> dict[str, Any]:
+    """The JSON-able outcome of a training run."""
     return {
         "out": str(result.out_dir),
         "step": result.step,
         "stopped": result.stopped,
         "resumed_from": result.resumed_from,
         "checkpoint": str(result.checkpoint) if result.checkpoint else None,
-        **counts,
+        **result.counts,
         "precision": result.precision,
         "elapsed_s": round(result.elapsed_s, 2),
         "final_loss": result.losses[-1] if result.losses else None,
@@ -51,33 +40,7 @@ def _summary(result: Any, **counts: Any) -> dict[str, Any]:
     }
 
 
-def _train_recurrent_depth(
-    config_data: dict[str, Any],
-    overrides: list[str],
-    task: str | None,
-    out: str | None,
-    steps: int | None,
-    budget_minutes: float | None,
-    progress: bool,
-    log: Callable[[str], None] | None,
-    stop_at: int | None = None,
-) -> dict[str, Any]:
-    from latentloop.train.trainer import build_run_config, train
-
-    extra = _budget_overrides(overrides, steps, budget_minutes)
-    config = build_run_config(config_data, extra, task=task, arch="recurrent-depth")
-    out_dir = Path(out) if out else Path("runs") / f"{config.task.name}-{config.arch}"
-    result = train(config, out_dir, progress=progress, log=log, stop_at=stop_at)
-    return _summary(result, tokens_seen=result.tokens_seen)
-
-
-def _evaluate_recurrent_depth(run: str, depths: list[int], **options: Any) -> dict[str, Any]:
-    from latentloop.eval.lm import evaluate_lm
-
-    return evaluate_lm(run, depths, **options)
-
-
-def _train_reasoner(
+def _train(
     arch: str,
     config_data: dict[str, Any],
     overrides: list[str],
@@ -89,41 +52,14 @@ def _train_reasoner(
     log: Callable[[str], None] | None,
     stop_at: int | None = None,
 ) -> dict[str, Any]:
-    from latentloop.train.deep_supervision import build_reasoner_config, train_reasoner
+    from latentloop.families import family
+    from latentloop.train.loop import train as run_training
 
     extra = _budget_overrides(overrides, steps, budget_minutes)
-    config = build_reasoner_config(config_data, extra, task=task, arch=arch)
+    config = family(arch).build_config(config_data, extra, task=task, arch=arch)
     out_dir = Path(out) if out else Path("runs") / f"{config.task.name}-{config.arch}"
-    result = train_reasoner(config, out_dir, progress=progress, log=log, stop_at=stop_at)
-    return _summary(
-        result,
-        tokens_seen=result.examples_seen * config.model.seq_len,
-        examples_seen=result.examples_seen,
-        parameters=result.parameters,
-    )
-
-
-def _evaluate_reasoner(run: str, depths: list[int], **options: Any) -> dict[str, Any]:
-    from latentloop.eval.reasoners import evaluate_reasoner
-
-    return evaluate_reasoner(run, **options)
-
-
-# Model families by --model name.
-MODELS: dict[str, ModelEntry] = {
-    "recurrent-depth": ModelEntry(_train_recurrent_depth, _evaluate_recurrent_depth, ("huginn_raven",)),
-}
-# The puzzle reasoners (the generative baselines ar and mdlm included) share one trainer and evaluator.
-for _arch in ("direct", "looped", "hrm", "trm", "gram", "ar", "mdlm"):
-    MODELS[_arch] = ModelEntry(
-        functools.partial(_train_reasoner, _arch), _evaluate_reasoner, (f"reasoner-{_arch}",)
-    )
-
-
-def _model_entry(name: str) -> ModelEntry:
-    if name not in MODELS:
-        raise UsageError(f"unknown model {name!r} (known: {', '.join(sorted(MODELS))})")
-    return MODELS[name]
+    result = run_training(config, out_dir, progress=progress, log=log, stop_at=stop_at)
+    return _summary(result)
 
 
 def _split_arguments(args: list[str], config: str | None) -> tuple[str | None, list[str]]:
@@ -165,13 +101,15 @@ def train(
     Under ``torchrun --nproc_per_node=N -m latentloop train ...`` it trains data-parallel over N processes.
     """
     from latentloop.config import load_yaml
+    from latentloop.families import family
     from latentloop.train.distributed import env_rank
-    from latentloop.train.trainer import TrainingError
+    from latentloop.train.loop import TrainingError
+    from latentloop.train.run_config import LM_ARCH
 
     config, overrides = _split_arguments(list(args or []), config)
     data = load_yaml(config) if config else {}
-    arch = model or str(data.get("arch") or "recurrent-depth")
-    entry = _model_entry(arch)
+    arch = model or str(data.get("arch") or LM_ARCH)
+    family(arch)  # an unknown model fails before anything is read
     if stop_at is not None and stop_at < 0:
         raise UsageError(f"--stop-at must not be negative, got {stop_at}")
     interactive = sys.stderr.isatty()
@@ -180,7 +118,8 @@ def train(
         typer.echo(line, err=True)
 
     try:
-        result = entry.train(
+        result = _train(
+            arch,
             data,
             overrides,
             task,
@@ -221,16 +160,6 @@ def _parse_depths(text: str) -> list[int]:
     return depths
 
 
-def _checkpoint_type(run: str) -> str:
-    from latentloop.train.checkpoint import resolve_checkpoint
-
-    checkpoint = resolve_checkpoint(run)
-    try:
-        return str(json.loads((checkpoint / "config.json").read_text()).get("model_type", ""))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
-        raise UsageError(f"{checkpoint}/config.json is not a readable JSON object") from None
-
-
 @app.command("eval")
 def eval_command(
     run: str = typer.Argument(..., help="Run folder (its newest checkpoint) or checkpoint folder."),
@@ -256,16 +185,14 @@ def eval_command(
     depths = _parse_depths(num_steps)
     if limit is not None and limit < 1:
         raise UsageError(f"--limit must be positive, got {limit}")
-    kind = _checkpoint_type(run)
-    entry = next((e for e in MODELS.values() if kind in e.checkpoint_types), None)
-    if entry is None:
-        raise UsageError(f"{run}: no evaluator for checkpoints of model_type {kind!r}")
-    if kind.startswith("reasoner-"):
+    from latentloop.families import REASONER, family_of_run
+
+    if family_of_run(run) is REASONER:
+        from latentloop.eval.reasoners import evaluate_reasoner
         from latentloop.eval.reasoners import markdown_table as reasoner_table
 
-        report = entry.evaluate(
+        report = evaluate_reasoner(
             run,
-            depths,
             samples=samples,
             steps=steps,
             select=select,
@@ -281,11 +208,12 @@ def eval_command(
             for path in report.get("written", []):
                 typer.echo(f"wrote {path}")
         return
-    report = entry.evaluate(run, depths, batch_size=batch_size, limit=limit, init_scale=init_scale, task=task)
+    from latentloop.eval.lm import evaluate_lm, markdown_table
+
+    report = evaluate_lm(run, depths, batch_size=batch_size, limit=limit, init_scale=init_scale, task=task)
     if json_output:
         typer.echo(json.dumps(report))
         return
-    from latentloop.eval.lm import markdown_table
 
     typer.echo(markdown_table(report).rstrip())
     for path in report.get("written", []):
@@ -312,7 +240,9 @@ def fit_value_command(
     """Fit GRAM's value head (LPRM) to the model's own samples: each step of its prior rollouts of training
     puzzles, labelled by the task's verifier. Writes value_head.safetensors into the checkpoint, which eval,
     solve and `--select value` then use."""
-    if not _checkpoint_type(run).startswith("reasoner-"):
+    from latentloop.families import REASONER, family_of_run
+
+    if family_of_run(run) is not REASONER:
         raise UsageError(f"{run} is not a puzzle-reasoner run: fit-value fits the value head of GRAM")
     from latentloop.eval.reasoners import load_run, run_dataset
     from latentloop.experiments import positive_number

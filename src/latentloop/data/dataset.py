@@ -11,9 +11,10 @@ Layout of a dataset folder::
                                                           completions of one input share a group
     test/...                      the same
 
-A task can describe its rows with ``records(split, seed, size)`` yielding
-``(inputs, labels, puzzle_key, group_key, info)``; otherwise rows come from ``examples()`` with one puzzle per
-distinct input. Keys are scoped to their split unless the task sets ``shared_puzzle_keys``. ``info`` (JSON, e.g. a Sudoku rating or an ARC augmentation) is stored per puzzle id.
+Rows come from the task's ``records(split, seed, size)``, which yields ``(inputs, labels, puzzle_key,
+group_key, info)`` (by default from ``examples()``, one puzzle per distinct input). Keys are scoped to their
+split unless the task sets ``shared_puzzle_keys``. ``info`` (JSON, e.g. a Sudoku rating or an ARC
+augmentation) is stored per puzzle id.
 """
 
 from __future__ import annotations
@@ -44,24 +45,9 @@ ARRAYS = ("inputs", "labels", "puzzle_ids", "groups")
 DEFAULT_ENDLESS_SIZE = 1000
 
 
-def _default_records(task: Task, split: str, seed: int, size: int | None) -> Iterator[tuple[Any, ...]]:
-    count = 0
-    seen: set[bytes] = set()
-    for x, y in task.examples(split, seed):
-        inputs = np.asarray(task.encode(x))
-        key = inputs.tobytes()
-        if key not in seen:
-            if size is not None and count >= size:
-                return
-            seen.add(key)
-            count += 1
-        yield inputs, np.asarray(task.encode(y)), key, key, None
-
-
 def _records(task: Task, split: str, seed: int, size: int | None) -> Iterator[tuple[Any, ...]]:
-    records = getattr(task, "records", None)
-    rows = records(split, seed, size) if records else _default_records(task, split, seed, size)
-    if getattr(task, "shared_puzzle_keys", False):
+    rows = task.records(split, seed, size)
+    if task.shared_puzzle_keys:
         return rows
     # Keys are per split unless the task says otherwise (ARC: an evaluation task's demonstrations in train
     # and its test inputs in test are one puzzle).
@@ -137,7 +123,7 @@ def build_dataset(
         raise UsageError(f"--out {str(out)!r} is a file, not a folder")
     if out.is_dir() and any(out.iterdir()) and not force:
         raise UsageError(f"--out {str(out)!r} exists and is not empty (use --force to replace it)")
-    if getattr(task, "endless", False):
+    if task.endless:
         size = DEFAULT_ENDLESS_SIZE if size is None else size
         test_size = max(1, math.ceil(size * 15 / 85)) if test_size is None else test_size
     for name, value in (("--size", size), ("--test-size", test_size)):
@@ -161,11 +147,10 @@ def build_dataset(
         "options": spec or {},
         "seed": seed,
         "seq_len": int(splits["train"]["inputs"].shape[1]),
-        "vocab_size": int(getattr(task, "vocab_size", 0))
-        or int(max(a["labels"].max() for a in splits.values())) + 1,
+        "vocab_size": int(task.vocab_size) or int(max(a["labels"].max() for a in splits.values())) + 1,
         "pad_id": 0,
         "ignore_label_id": 0,
-        "task_info": task.metadata() if hasattr(task, "metadata") else {},
+        "task_info": task.metadata(),
         "counts": {split: _counts(arrays) for split, arrays in splits.items()},
         "num_puzzle_ids": len(puzzle_ids.ids),
         "puzzles": {str(pid): extra for pid, extra in sorted(info.items())},

@@ -33,8 +33,13 @@ import numpy as np
 import torch
 
 from latentloop.errors import UsageError
+from latentloop.eval.reasoners import load_run
 from latentloop.infer.scaling import draws_samples, solve
+from latentloop.io import atomic_path
 from latentloop.models.reasoners import Reasoner, num_parameters
+from latentloop.tasks.base import Task
+from latentloop.tasks.digits import DigitsTask
+from latentloop.train.run_config import load_reasoner_run_config
 
 HIDDEN = (128, 32)  # the penultimate layer (32 features) stays small enough to fit from ~100 images
 MAX_TRAIN = 10_000  # a seeded subset of larger sources (MNIST: 60,000) bounds the fit's time
@@ -75,7 +80,7 @@ def _penultimate(model: Any, images: np.ndarray) -> np.ndarray:
     return hidden
 
 
-def _labelled(task: Any, split: str, split_seed: int) -> tuple[np.ndarray, np.ndarray]:
+def _labelled(task: Task, split: str, split_seed: int) -> tuple[np.ndarray, np.ndarray]:
     images, labels = task.images(split, split_seed)
     if len(labels) == 0 or np.any(np.asarray(labels) < 0):
         raise UsageError("the digits source has no labels, so its samples cannot be scored by a classifier")
@@ -86,8 +91,6 @@ def _labelled(task: Any, split: str, split_seed: int) -> tuple[np.ndarray, np.nd
 def _train_classifier(path: str | None, threshold: float, seed: int, split_seed: int) -> DigitClassifier:
     from sklearn.exceptions import ConvergenceWarning
     from sklearn.neural_network import MLPClassifier
-
-    from latentloop.tasks.digits import DigitsTask
 
     task = DigitsTask(path=path, threshold=threshold)
     train_x, train_y = _labelled(task, "train", split_seed)
@@ -108,12 +111,12 @@ def _train_classifier(path: str | None, threshold: float, seed: int, split_seed:
     return DigitClassifier(model, accuracy, len(model.classes_), mean, cov, reference)
 
 
-def digit_classifier(task: Any, seed: int = 0, split_seed: int = 0) -> DigitClassifier:
+def digit_classifier(task: Task, seed: int = 0, split_seed: int = 0) -> DigitClassifier:
     """The classifier of ``task`` (a :class:`~latentloop.tasks.digits.DigitsTask`), trained once per process
     and per seed (deterministic: the same seed gives the same weights and halves). ``split_seed`` is the
     seed of the task's train/test split, the ``train.seed`` of the run whose samples are scored, so that
     the held-out digits are ones its model never saw."""
-    if getattr(task, "name", None) != "digits":
+    if not task.image_answers:
         raise UsageError(f"generation scores are defined for the digits task, not {task.name!r}")
     return _train_classifier(task.path, float(task.threshold), int(seed), int(split_seed))
 
@@ -186,20 +189,10 @@ def reference_scores(task: Any, n: int | None = None, seed: int = 0, split_seed:
 
 
 # Sampling ------------------------------------------------------------------------------------------------------
-def has_blank(task: Any) -> bool:
-    """True when ``task`` can state the all-unknown puzzle that unconditional generation starts from."""
-    return callable(getattr(task, "blank", None))
-
-
-def is_image_task(task: Any) -> bool:
-    """True for tasks whose answers are pictures (digits): their samples are drawn and scored."""
-    return callable(getattr(task, "images", None))
-
-
 @torch.no_grad()
 def sample_blanks(
     model: Reasoner,
-    task: Any,
+    task: Task,
     n: int,
     steps: int | None = None,
     temperature: float = 1.0,
@@ -217,7 +210,7 @@ def sample_blanks(
         raise UsageError(f"--n must be at least 1, got {n}")
     if batch_size < 1:
         raise UsageError(f"--batch-size must be at least 1, got {batch_size}")
-    if not has_blank(task):
+    if not task.has_blank:
         raise UsageError(f"task {task.name!r} has no blank puzzle to sample from (try digits or sudoku)")
     device = next(model.parameters()).device
     blank = torch.from_numpy(np.asarray(task.encode(task.blank()), dtype=np.int64))[None].to(device)
@@ -235,8 +228,6 @@ def _split_seed(folder: Path | None) -> int:
     """The ``train.seed`` that split the run's data (0 outside a run folder, the trainer's default)."""
     if folder is None:
         return 0
-    from latentloop.train.deep_supervision import load_reasoner_run_config
-
     return int(load_reasoner_run_config(folder / "config.yaml").train.seed)
 
 
@@ -270,19 +261,17 @@ def sample_run(
     (:func:`score_digits`, beside :func:`reference_scores` of as many real held-out digits) and drawn as a
     PNG grid at ``out`` (default ``samples.png`` in the run folder). The scores' classifier always has seed
     0, so figures of different sampling ``seed`` values compare."""
-    from latentloop.eval.reasoners import decode_answer, load_run
-
     if n < 1:
         raise UsageError(f"--n must be at least 1, got {n}")
     if steps is not None and steps < 1:
         raise UsageError(f"--steps must be at least 1, got {steps}")
     out_path = check_png_path(out) if out is not None else None
     model, the_task, checkpoint, folder = load_run(run, task)
-    if not has_blank(the_task):
+    if not the_task.has_blank:
         raise UsageError(
             f"task {the_task.name!r} has no blank puzzle, so it has no unconditional samples (try digits or sudoku)"
         )
-    image = is_image_task(the_task)
+    image = the_task.image_answers
     if out_path is not None and not image:
         raise UsageError(f"--out draws image samples; task {the_task.name!r} has none")
     if image and out_path is None:
@@ -290,7 +279,7 @@ def sample_run(
     torch.manual_seed(seed)
     tokens, steps_run, elapsed = sample_blanks(model, the_task, n, steps, temperature, batch_size)
     blank = the_task.blank()
-    answers = [decode_answer(the_task, row) for row in tokens]
+    answers = [the_task.decode_answer(row) for row in tokens]
     valid = sum(int(the_task.violations(blank, answer)) == 0 for answer in answers)
     report: dict[str, Any] = {
         "run": str(run),
@@ -336,8 +325,6 @@ def plot_samples(images: np.ndarray, path: str | Path, title: str | None = None)
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from latentloop.io import atomic_path
 
     images = np.asarray(images)
     count, height, width = images.shape

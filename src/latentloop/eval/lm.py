@@ -24,7 +24,9 @@ import torch
 from latentloop.errors import UsageError
 from latentloop.io import atomic_path, atomic_write_text
 from latentloop.models.recurrent_depth import RecurrentDepthLM
+from latentloop.tasks.base import Task, get_task, parse_task_spec
 from latentloop.train.checkpoint import read_trainer_state, resolve_checkpoint, run_folder_of
+from latentloop.train.run_config import load_run_config
 
 DEFAULT_DEPTHS = (1, 2, 4, 8, 16, 32)
 
@@ -76,10 +78,7 @@ def heldout_metric(
         model.train(was_training)
 
 
-def _task_for(checkpoint: Path, task_spec: str | None) -> tuple[Any, dict[str, Any]]:
-    from latentloop.tasks.base import get_task, parse_task_spec
-    from latentloop.train.trainer import load_run_config
-
+def _task_for(checkpoint: Path, task_spec: str | None) -> tuple[Task, dict[str, Any]]:
     if task_spec:
         name, options = parse_task_spec(task_spec)
         return get_task(name, **options), {"name": name, **options}

@@ -1,7 +1,8 @@
 """Evaluation of puzzle reasoners: accuracy by the task's verifier, coverage, conflicts, depth/width curves.
 
 Every decoded answer is judged by ``task.violations`` (0 = valid), never by comparison with one stored label, so
-a valid N-Queens board that differs from the label counts. Coverage (multi-solution tasks) is the number of
+a valid N-Queens board that differs from the label counts (the judging functions are in
+:mod:`latentloop.eval.metrics`, re-exported here). Coverage (``task.multi_solution``) is the number of
 distinct valid answers among the samples divided by the number of all valid completions of the puzzle.
 Reports go to ``eval.json``, ``eval.md`` and ``eval_curves.png`` in the run folder.
 """
@@ -18,92 +19,52 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from latentloop.data.dataset import PuzzleDataset, load_dataset
 from latentloop.errors import UsageError
-from latentloop.infer.scaling import SELECTIONS, draws_samples, select_sample, solve
+from latentloop.eval.arc import evaluate_arc, solve_arc_puzzle
+from latentloop.eval.metrics import (
+    EXAMPLES,
+    answer_key,
+    answers_valid,
+    chosen_samples,
+    conflict_counts,
+    coverage_curve,
+    decode_answer,
+    example_answers,
+    judge,
+    quick_accuracy,
+    solution_totals,
+    unique_puzzles,
+    unique_rows,
+)
+from latentloop.infer.scaling import SELECTIONS, draws_samples, solve
+from latentloop.io import atomic_path, atomic_write_text
 from latentloop.models.reasoners import Reasoner, load_reasoner, num_parameters
 from latentloop.models.reasoners.heads import SequenceValueHead
-from latentloop.tasks.base import Task
+from latentloop.tasks.base import Task, get_task, parse_task_spec
+from latentloop.train.checkpoint import resolve_checkpoint, run_folder_of
+from latentloop.train.run_config import load_reasoner_run_config
 
-MULTI_SOLUTION = ("nqueens", "graph-coloring")
-EXAMPLES = 4  # answers kept in a report (and drawn): solved puzzles first
-
-
-def decode_answer(task: Task, tokens: np.ndarray) -> Any:
-    """The answer that predicted ``tokens`` stand for (graph colouring reads only the vertex slots)."""
-    reader = getattr(task, "decode_answer", None)
-    return reader(tokens) if reader is not None else task.decode(tokens)
-
-
-def answers_valid(
-    task: Task, inputs: np.ndarray, answers: np.ndarray, labels: np.ndarray | None = None
-) -> np.ndarray:
-    """``[B]`` bool: the task's verifier accepts each answer (token rows) to its puzzle.
-
-    A task with puzzle embeddings (ARC) cannot judge a grid from the test input alone: there an answer is valid
-    when it equals the label on the label's scored positions.
-    """
-    if getattr(task, "puzzle_embeddings", False):
-        if labels is None:
-            raise ValueError(f"task {task.name!r} has no verifier: give the labels")
-        scored = labels != 0
-        return ((answers == labels) | ~scored).all(-1)
-    return np.array(
-        [
-            task.violations(task.decode(x), decode_answer(task, a)) == 0
-            for x, a in zip(inputs, answers, strict=True)
-        ],
-        dtype=bool,
-    )
-
-
-def answer_key(task: Task, answer: Any) -> Hashable:
-    """A hashable identity of an answer: equal answers (graph colourings up to renaming colours) share it."""
-    if task.name == "graph-coloring":
-        from latentloop.tasks.graph_coloring import canonical
-
-        return canonical(answer) if min(answer) >= 0 else tuple(answer)
-    return np.asarray(answer).tobytes()
-
-
-def unique_rows(split: dict[str, np.ndarray], limit: int | None = None) -> np.ndarray:
-    """The rows of a split's distinct inputs (the first row of each puzzle id, in order), at most ``limit``."""
-    _, first = np.unique(np.asarray(split["puzzle_ids"]), return_index=True)
-    return np.sort(first)[:limit]
-
-
-def unique_puzzles(split: dict[str, np.ndarray], limit: int | None = None) -> np.ndarray:
-    """The distinct inputs of a split (see :func:`unique_rows`)."""
-    return np.asarray(split["inputs"])[unique_rows(split, limit)].astype(np.int64)
-
-
-def _judge(task: Task, inputs: np.ndarray, predictions: np.ndarray) -> tuple[np.ndarray, np.ndarray, list]:
-    """``(violations [S, K, B], key ids [S, K, B], puzzles)`` for predictions ``[S, K, B, L]``."""
-    steps, samples, count = predictions.shape[:3]
-    violations = np.zeros((steps, samples, count), dtype=np.int64)
-    key_ids = np.zeros((steps, samples, count), dtype=np.int64)
-    interned: dict[Hashable, int] = {}
-    puzzles = []
-    for b in range(count):
-        puzzle = task.decode(inputs[b])
-        puzzles.append(puzzle)
-        cache: dict[bytes, tuple[int, int]] = {}
-        for s in range(steps):
-            for k in range(samples):
-                tokens = predictions[s, k, b]
-                raw = tokens.tobytes()
-                if raw not in cache:
-                    answer = decode_answer(task, tokens)
-                    key = interned.setdefault(answer_key(task, answer), len(interned))
-                    cache[raw] = (int(task.violations(puzzle, answer)), key)
-                violations[s, k, b], key_ids[s, k, b] = cache[raw]
-    return violations, key_ids, puzzles
-
-
-def _selected(key_ids: np.ndarray, values: np.ndarray, mode: str) -> np.ndarray:
-    """The chosen sample per puzzle from ``key_ids [K, B]`` and ``values [K, B]``."""
-    return np.array(
-        [select_sample(key_ids[:, b].tolist(), values[:, b].tolist(), mode) for b in range(key_ids.shape[1])]
-    )
+# The judging functions of eval.metrics are re-exported for the modules that import them from here.
+__all__ = [
+    "EXAMPLES",
+    "answer_key",
+    "answers_valid",
+    "decode_answer",
+    "evaluate_model",
+    "evaluate_reasoner",
+    "example_answers",
+    "load_run",
+    "markdown_table",
+    "plot_boards",
+    "plot_curves",
+    "quick_accuracy",
+    "run_dataset",
+    "solve_puzzle",
+    "unique_puzzles",
+    "unique_rows",
+    "write_reports",
+]
 
 
 @torch.no_grad()
@@ -143,13 +104,13 @@ def evaluate_model(
     predictions, values = np.concatenate(preds, axis=2), np.concatenate(vals, axis=2)
     halted_at = np.concatenate(halts, axis=1)  # [K, N]: the step whose answer each sample kept
     steps = predictions.shape[0]
-    violations, key_ids, puzzles = _judge(task, inputs, predictions)
+    violations, key_ids, puzzles = judge(task, inputs, predictions)
     valid = violations == 0
     count = len(inputs)
     idx = np.arange(count)
 
     def accuracy_at(s: int, k: int, mode: str) -> float:
-        chosen = _selected(key_ids[s, :k], values[s, :k], mode)
+        chosen = chosen_samples(key_ids[s, :k], values[s, :k], mode)
         return float(valid[s, chosen, idx].mean())
 
     report: dict[str, Any] = {
@@ -173,18 +134,13 @@ def evaluate_model(
     if halt:
         report["halt"] = True
         report["mean_halt_step"] = float(halted_at.mean())
-    chosen = _selected(key_ids[-1], values[-1], select)
-    if task.name == "graph-coloring":
-        conflicts = violations[-1, chosen, idx]
-        report["conflicts_total"] = int(conflicts.sum())
-        report["conflicts_mean"] = float(conflicts.mean())
+    chosen = chosen_samples(key_ids[-1], values[-1], select)
+    if task.reports_conflicts:
+        report.update(conflict_counts(violations[-1], chosen))
     totals = None
-    if task.name in MULTI_SOLUTION:
-        totals = np.array([max(1, len(task.solutions(p))) for p in puzzles])
-        coverage = []
-        for k in range(1, samples + 1):
-            found = [len({key_ids[-1, j, b] for j in range(k) if valid[-1, j, b]}) for b in range(count)]
-            coverage.append(float(np.mean(np.array(found) / totals)))
+    if task.multi_solution:
+        totals = solution_totals(task, puzzles)
+        coverage = coverage_curve(key_ids[-1], valid[-1], totals)
         report["coverage"] = coverage[-1]
         for point, cov in zip(report["curve_samples"], coverage, strict=True):
             point["coverage"] = cov
@@ -192,62 +148,9 @@ def evaluate_model(
     return report
 
 
-def example_answers(
-    inputs: np.ndarray,
-    predictions: np.ndarray,
-    violations: np.ndarray,
-    key_ids: np.ndarray,
-    chosen: np.ndarray,
-    totals: np.ndarray | None,
-    count: int = EXAMPLES,
-) -> list[dict[str, Any]]:
-    """Up to ``count`` puzzles with the selected answer (tokens), solved ones first and among them those where
-    the samples found the most distinct valid answers. ``predictions`` ``[K, B, L]``, ``violations`` and
-    ``key_ids`` ``[K, B]``, ``chosen`` ``[B]``; ``totals`` ``[B]`` counts every valid answer (multi-solution
-    tasks)."""
-    idx = np.arange(len(inputs))
-    broken = violations[chosen, idx]
-    found = [len({key_ids[j, b] for j in range(len(key_ids)) if violations[j, b] == 0}) for b in idx]
-    order = sorted(idx, key=lambda b: (broken[b] > 0, -found[b], b))[:count]
-    return [
-        {
-            "index": int(b),
-            "puzzle": inputs[b].tolist(),
-            "answer": predictions[chosen[b], b].tolist(),
-            "violations": int(broken[b]),
-            "valid_found": found[b],
-            **({"solutions": int(totals[b])} if totals is not None else {}),
-        }
-        for b in order
-    ]
-
-
-def quick_accuracy(model: Reasoner, task: Task, split: dict[str, np.ndarray], limit: int) -> dict[str, Any]:
-    """One-sample accuracy at ``n_sup`` steps on the first ``limit`` test puzzles (the end-of-training check).
-    A task with puzzle embeddings (ARC) has no verifier: its rows count when they match their labels."""
-    device = next(model.parameters()).device
-    if getattr(task, "puzzle_embeddings", False):
-        rows = slice(0, limit)
-        inputs, labels = np.asarray(split["inputs"])[rows], np.asarray(split["labels"])[rows]
-        puzzle_ids = torch.from_numpy(np.asarray(split["puzzle_ids"])[rows].astype(np.int64))
-        result = solve(model, torch.from_numpy(inputs.astype(np.int64)).to(device), puzzle_ids=puzzle_ids)
-        tokens = result.chosen.cpu().numpy()
-        ok = [np.array_equal(task.decode(tokens[b]), task.decode(labels[b])) for b in range(len(inputs))]
-        accuracy = float(np.mean(ok)) if ok else 0.0
-        return {"num_steps": result.predictions.shape[0], "accuracy": accuracy, "exact_match": accuracy}
-    inputs = unique_puzzles(split, limit)
-    result = solve(model, torch.from_numpy(inputs).to(device), samples=1)
-    accuracy = float(np.mean(answers_valid(task, inputs, result.chosen.cpu().numpy())))
-    return {"num_steps": result.predictions.shape[0], "accuracy": accuracy, "exact_match": accuracy}
-
-
 # Runs --------------------------------------------------------------------------------------------------------
 def load_run(run: str | Path, task_spec: str | None = None) -> tuple[Reasoner, Task, Path, Path | None]:
     """``(EMA model, task, checkpoint, run folder)`` of a run folder or checkpoint folder."""
-    from latentloop.tasks.base import get_task, parse_task_spec
-    from latentloop.train.checkpoint import resolve_checkpoint, run_folder_of
-    from latentloop.train.deep_supervision import load_reasoner_run_config
-
     checkpoint = resolve_checkpoint(run)
     model = load_reasoner(checkpoint).eval()
     folder = run_folder_of(checkpoint)
@@ -267,14 +170,10 @@ def load_run(run: str | Path, task_spec: str | None = None) -> tuple[Reasoner, T
     return model, task, checkpoint, folder
 
 
-def run_dataset(run: str | Path, folder: Path | None) -> Any:
+def run_dataset(run: str | Path, folder: Path | None) -> PuzzleDataset:
     """The dataset a run folder trained on (``OUT/data``, or its config's ``train.data``)."""
-    from latentloop.data.dataset import load_dataset
-
     data = folder / "data" if folder is not None else None
     if folder is not None:
-        from latentloop.train.deep_supervision import load_reasoner_run_config
-
         configured = load_reasoner_run_config(folder / "config.yaml").train.data
         data = Path(configured) if configured else data
     if data is None or not (data / "metadata.json").is_file():
@@ -311,8 +210,6 @@ def evaluate_reasoner(
         dataset = run_dataset(run, folder)
         torch.manual_seed(seed)
         if model.config.puzzles:
-            from latentloop.eval.arc import evaluate_arc
-
             if halt:
                 raise UsageError("--halt is not available for ARC runs: they are evaluated at a fixed depth")
             puzzles = dataset.metadata.get("puzzles", {})
@@ -363,8 +260,6 @@ def solve_puzzle(
     (``distinct_valid``); ``list_valid`` lists those answers as well, before the chosen one."""
     model, run_task, _, folder = load_run(run, model_task)
     if model.config.puzzles:
-        from latentloop.eval.arc import solve_arc_puzzle
-
         if list_valid:
             raise UsageError("--all needs a task with a verifier; ARC answers are judged by the label")
         if run_task.name != task.name:
@@ -382,9 +277,9 @@ def solve_puzzle(
         torch.from_numpy(tokens)[None],
         samples=samples,
         select=select,
-        key=lambda t: answer_key(task, decode_answer(task, t.cpu().numpy())),
+        key=lambda t: task.answer_key(task.decode_answer(t.cpu().numpy())),
     )
-    answer = decode_answer(task, result.chosen[0].numpy())
+    answer = task.decode_answer(result.chosen[0].numpy())
     violations = int(task.violations(puzzle, answer))
     text_answer = task.format(answer)
     payload = {"answer": text_answer, "valid": violations == 0, "violations": violations, "samples": samples}
@@ -395,9 +290,9 @@ def solve_puzzle(
         return payload, f"{text}\n{verdict}", violations == 0
     valid: dict[Hashable, str] = {}  # answer key -> its text, in sample order
     for tokens in result.predictions[-1, :, 0].cpu().numpy():
-        candidate = decode_answer(task, tokens)
+        candidate = task.decode_answer(tokens)
         if task.violations(puzzle, candidate) == 0:
-            valid.setdefault(answer_key(task, candidate), task.format(candidate))
+            valid.setdefault(task.answer_key(candidate), task.format(candidate))
     payload["distinct_valid"] = len(valid)
     listed = ""
     if list_valid:
@@ -452,8 +347,6 @@ def plot_curves(report: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from latentloop.io import atomic_path
-
     fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.5))
     left.plot(
         [p["steps"] for p in report["curve_steps"]], [p["accuracy"] for p in report["curve_steps"]], "o-"
@@ -479,8 +372,6 @@ def plot_boards(examples: dict[str, list[dict[str, Any]]], task: Task, path: Pat
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from latentloop.io import atomic_path
-
     columns = max(len(rows) for rows in examples.values())
     fig, axes = plt.subplots(
         len(examples), columns, figsize=(2.3 * columns, 2.5 * len(examples)), squeeze=False
@@ -491,7 +382,7 @@ def plot_boards(examples: dict[str, list[dict[str, Any]]], task: Task, path: Pat
         for ax, example in zip(row, answers, strict=False):
             ax.axis("on")
             puzzle = task.decode(np.asarray(example["puzzle"]))
-            task.draw(ax, puzzle, decode_answer(task, np.asarray(example["answer"])))
+            task.draw(ax, puzzle, task.decode_answer(np.asarray(example["answer"])))
             verdict = "valid" if example["violations"] == 0 else f"{example['violations']} broken"
             title = f"#{example['index']}: {verdict}"
             if "solutions" in example:
@@ -507,8 +398,6 @@ def plot_boards(examples: dict[str, list[dict[str, Any]]], task: Task, path: Pat
 def write_reports(report: dict[str, Any], folder: str | Path, task: Task | None = None) -> None:
     """``eval.json``, ``eval.md`` and ``eval_curves.png`` in ``folder``; with a ``task`` that can draw its
     answers, ``eval_boards.png`` too."""
-    from latentloop.io import atomic_write_text
-
     folder = Path(folder)
     atomic_write_text(folder / "eval.json", json.dumps(report, indent=1) + "\n")
     atomic_write_text(folder / "eval.md", markdown_table(report))

@@ -60,7 +60,7 @@ def _token_key(tokens: torch.Tensor) -> bytes:
 def draws_samples(model: Reasoner) -> bool:
     """Whether ``model``'s trajectories differ from one another: AR and MDLM draw tokens, GRAM its noise; the
     deterministic reasoners give every trajectory the same answer."""
-    return getattr(model, "sample", None) is not None or model.stochastic
+    return model.generative or model.stochastic
 
 
 @torch.no_grad()
@@ -78,10 +78,11 @@ def solve(
     """Run ``samples`` trajectories of ``steps`` supervision steps (default ``model.config.n_sup``) on ``x``
     ``[B, L]`` and choose one answer per puzzle.
 
-    A model with a ``sample(inputs, steps, temperature)`` method (the AR and MDLM baselines) decodes with its
-    own sampling loop instead: ``steps`` are then its unmasking steps (MDLM, default ``model.config.cycles``)
-    or 1 (AR), ``temperature`` its sampling temperature (0: greedy), and it never halts. For a stochastic
-    reasoner (GRAM) ``temperature`` scales the prior noise's standard deviation (0: the prior's mean).
+    A generative model (``model.generative``: the AR and MDLM baselines) decodes with its own
+    ``sample(inputs, steps, temperature)`` loop instead: ``steps`` are then its unmasking steps (MDLM, default
+    ``model.config.cycles``) or 1 (AR), ``temperature`` its sampling temperature (0: greedy), and it never
+    halts. For a stochastic reasoner (GRAM) ``temperature`` scales the prior noise's standard deviation (0:
+    the prior's mean).
 
     ``halt``: a sample stops (keeps its answer) once ``sigmoid(q_halt) > 0.5``, or, for a model trained with
     ``model.halting=q-learning``, once ``q_halt > q_continue``. ``key`` maps a sample's tokens
@@ -90,7 +91,7 @@ def solve(
     """
     if select not in SELECTIONS:
         raise UsageError(f"--select must be one of {', '.join(SELECTIONS)}, got {select!r}")
-    sampler = getattr(model, "sample", None)
+    sampler = model.sample if model.generative else None  # type: ignore[attr-defined]
     steps = model.config.n_sup if steps is None and sampler is None else steps
     if (steps is not None and steps < 1) or samples < 1:
         raise UsageError(f"steps and samples must be at least 1, got {steps} and {samples}")
@@ -100,7 +101,7 @@ def solve(
         raise UsageError(f"puzzles must be [batch, {model.config.seq_len}] tokens, got {list(x.shape)}")
     was_training = model.training
     model.eval()
-    q_learning = getattr(model.config, "halting", "bce") == "q-learning"
+    q_learning = model.config.halting == "q-learning"
     batch_size = x.shape[0]
     # A deterministic reasoner gives every trajectory the same answer: run one and repeat it.
     runs = samples if draws_samples(model) else 1

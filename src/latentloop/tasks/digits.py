@@ -114,6 +114,8 @@ class DigitsTask(Task):
     """Binarised digit images. Options: ``path`` (local MNIST file or folder), ``threshold`` (default 0.5)."""
 
     name = "digits"
+    has_blank = True
+    image_answers = True
 
     def __init__(self, path: str | None = None, threshold: float | str = 0.5) -> None:
         if path is not None and not Path(path).exists():
@@ -128,7 +130,6 @@ class DigitsTask(Task):
         self.shape = (8, 8) if path is None else tuple(load_images(self.path)["train"][0].shape[1:])
         self.seq_len = int(np.prod(self.shape))
         self.vocab_size = 4
-        self.endless = False
 
     def images(self, split: str, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """Binary images ``[N, H, W]`` (int8) and labels of ``split``."""

@@ -22,7 +22,7 @@ import functools
 import re
 import sys
 import zlib
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from latentloop.errors import UsageError
-from latentloop.tasks.base import Task
+from latentloop.tasks.base import ExactSolution, Task
 
 PAD, NO_EDGE, EDGE, UNKNOWN, COLOR0 = 0, 1, 2, 3, 4
 
@@ -285,6 +285,9 @@ class GraphColoringTask(Task):
     """
 
     name = "graph-coloring"
+    multi_solution = True
+    reports_conflicts = True
+    drawable = True
 
     def __init__(
         self,
@@ -308,7 +311,6 @@ class GraphColoringTask(Task):
         self.edges_len = self.n * (self.n - 1) // 2
         self.seq_len = self.edges_len + self.n
         self.vocab_size = COLOR0 + self.colors
-        self.endless = False
 
     # -- the GRAM dataset -------------------------------------------------------------------------------
     def graphs(self, split: str, count: int, seed: int = 0) -> Iterator[Graph]:
@@ -384,6 +386,11 @@ class GraphColoringTask(Task):
         slots = np.asarray(tokens)[self.edges_len :].astype(int) - COLOR0
         return tuple(int(c) if 0 <= c < self.colors else -1 for c in slots)
 
+    def answer_key(self, answer: tuple[int, ...]) -> Hashable:
+        """The canonical colouring: colourings that differ only by a renaming of colours share it. A colouring
+        with an uncoloured vertex (-1) keeps its colours as they are."""
+        return canonical(answer) if min(answer) >= 0 else tuple(answer)
+
     def verify(self, puzzle: Graph, answer: tuple[int, ...]) -> bool:
         """True when every vertex has a colour in ``0..K-1`` and no edge joins two equal colours."""
         return self.violations(puzzle, answer) == 0
@@ -406,6 +413,29 @@ class GraphColoringTask(Task):
         """Exact search: ``(canonical colourings, finished)`` (see :func:`color_graph`)."""
         return color_graph(puzzle, self.colors, limit, max_nodes)
 
+    def solve_exact(self, puzzle: Graph, list_all: bool = False, limit: int | None = None) -> ExactSolution:
+        """DSATUR search (:func:`color_graph`): a colouring or proof that none exists, or every canonical
+        colouring (at most ``limit``); "undecided" when the search gave up."""
+        found, finished = self.solve(puzzle, limit=limit if list_all else 1)
+        k = self.colors
+        payload: dict[str, Any] = {
+            "colors": k,
+            "vertices": puzzle.n,
+            "edges": len(puzzle.edges),
+            "finished": finished,
+        }
+        if not found and not finished:
+            payload["colorable"] = None
+            return ExactSolution(payload, f"undecided: the search for a {k}-colouring gave up", False)
+        payload["colorable"] = bool(found)
+        if not found:
+            return ExactSolution(payload, f"no {k}-colouring exists", False)
+        if list_all:
+            payload.update(count=len(found), colorings=[self.format(c) for c in found])
+            return ExactSolution(payload, "\n".join([*payload["colorings"], f"count: {len(found)}"]), True)
+        payload["coloring"] = list(found[0])
+        return ExactSolution(payload, f"{k}-colouring: {self.format(found[0])}", True)
+
     def parse(self, text: str) -> Graph:
         """A graph from any accepted text form (a ``.col`` path, upper-triangle bits or an edge list)."""
         return parse_graph(text, self.n if self.n_given else None)
@@ -419,8 +449,6 @@ class GraphColoringTask(Task):
         if isinstance(answer, Graph):
             return ",".join(f"{u}-{v}" for u, v in answer.edges)
         return "".join(str(c) for c in answer)
-
-    drawable = True
 
     def draw(self, ax: Any, puzzle: Graph, answer: tuple[int, ...]) -> None:
         """The graph on a circle, vertices in their colours (grey: none), edges whose ends share a colour red."""

@@ -20,8 +20,9 @@ from typing import Any
 
 import numpy as np
 
+from latentloop.data.augment import dihedral
 from latentloop.errors import UsageError
-from latentloop.tasks.base import Task
+from latentloop.tasks.base import ExactSolution, Task
 
 PAD, EMPTY, QUEEN = 0, 1, 2
 _QUEEN_CHARS, _EMPTY_CHARS = "Qq1", ".0"
@@ -147,6 +148,8 @@ class NQueensTask(Task):
     """
 
     name = "nqueens"
+    multi_solution = True
+    drawable = True
 
     def __init__(self, n: int | str = 8, k: str | list[int] | None = None) -> None:
         try:
@@ -164,7 +167,6 @@ class NQueensTask(Task):
             raise UsageError(f"option k must list numbers of queens to remove in 1..{self.n}, got {k!r}")
         self.vocab_size = 3
         self.seq_len = self.n * self.n
-        self.endless = False
 
     # -- the GRAM dataset -------------------------------------------------------------------------------
     def split_inputs(self, split: str, seed: int = 0) -> list[np.ndarray]:
@@ -209,6 +211,14 @@ class NQueensTask(Task):
         for index, board, completion in self._pairs(split, seed, size):
             yield self.encode(board), self.encode(completion), index, index, None
 
+    def augment(self, inputs: np.ndarray, labels: np.ndarray, rng: np.random.Generator) -> None:
+        """One of the 8 symmetries of the board per row, drawn at once for the batch, applied in place to the
+        row's input and label alike (a symmetry maps completions of a board to completions of its image)."""
+        n = self.n
+        for i, k in enumerate(rng.integers(0, 8, len(inputs))):
+            inputs[i] = dihedral(inputs[i].reshape(n, n), int(k)).reshape(-1)
+            labels[i] = dihedral(labels[i].reshape(n, n), int(k)).reshape(-1)
+
     # -- tokens and checks ------------------------------------------------------------------------------
     def encode(self, puzzle: np.ndarray) -> np.ndarray:
         """Tokens ``[n*n]``: 1 empty, 2 queen."""
@@ -240,6 +250,23 @@ class NQueensTask(Task):
         board = np.asarray(puzzle, dtype=bool)
         return [board_from_columns(c) for c in enumerate_solutions(len(board), board, limit)]
 
+    def solve_exact(
+        self, puzzle: np.ndarray, list_all: bool = False, limit: int | None = None
+    ) -> ExactSolution:
+        """Backtracking: the first completion and whether it is the only one, or every completion (at most
+        ``limit``)."""
+        found = self.solutions(puzzle, limit=limit if list_all else 2)
+        boards = [self.format(b) for b in found]
+        if list_all:
+            payload = {"count": len(found), "solutions": boards}
+            return ExactSolution(payload, "\n".join([*boards, f"count: {len(found)}"]), bool(found))
+        payload = {"solution": boards[0] if boards else None, "count": len(found), "unique": len(found) == 1}
+        if not found:
+            return ExactSolution(payload, "no solution", False)
+        count = "1 (unique)" if len(found) == 1 else "2+ (use --all to list every completion)"
+        text = f"{self.format(found[0], pretty=True)}\nsolution: {boards[0]}\ncount: {count}"
+        return ExactSolution(payload, text, True)
+
     def parse(self, text: str) -> np.ndarray:
         """A puzzle board; given queens that attack each other are an error."""
         board = parse_board(text, self.n)
@@ -255,8 +282,6 @@ class NQueensTask(Task):
     def format(self, answer: np.ndarray, pretty: bool = False) -> str:
         """The text form of a board: one line, or one line per row when ``pretty``."""
         return format_board(answer, pretty)
-
-    drawable = True
 
     def draw(self, ax: Any, puzzle: np.ndarray, answer: np.ndarray) -> None:
         """The board: given queens black, placed queens blue, queens under attack red, dropped givens as x."""

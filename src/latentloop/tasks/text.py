@@ -60,6 +60,7 @@ class TextTask(Task):
 
     name = "text"
     metric = "perplexity"
+    trains_language_model = True
 
     def __init__(
         self,

@@ -1,6 +1,7 @@
 """Deep-supervision training for the puzzle reasoners (Direct, Looped, HRM, TRM, GRAM).
 
-One training *step* takes a batch (a pure function of ``(seed, step)``, augmented on the fly where the task
+The objective of the puzzle reasoners in the training loop (:mod:`latentloop.train.loop`). One training *step*
+takes a batch (a pure function of ``(seed, step)``, augmented on the fly where the task
 allows it), starts from the model's initial carry and runs ``model.n_sup`` supervision steps. Each supervision
 step is one forward (``T`` transitions, gradient only through the last), one backward and one AdamW update;
 the carry is detached between them. By default the whole batch runs all ``n_sup`` steps, which keeps every
@@ -24,11 +25,8 @@ the uninterrupted run's losses exactly on the same machine.
 from __future__ import annotations
 
 import copy
-import functools
-import math
-import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,38 +35,16 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
-from latentloop.config import load_yaml
-from latentloop.data.dataset import build_dataset, load_dataset
 from latentloop.errors import UsageError
-from latentloop.models.reasoners import REASONERS, Reasoner, ReasonerConfig, build_reasoner, num_parameters
+from latentloop.eval.metrics import answer_exact, quick_accuracy, unique_rows
+from latentloop.models.reasoners import REASONERS, Reasoner, build_reasoner, num_parameters
 from latentloop.models.reasoners.heads import continue_target
-from latentloop.runtime import settle_vector_math
-from latentloop.tasks.base import Task, get_task
+from latentloop.tasks.base import Task
 from latentloop.train import distributed as dist
-from latentloop.train.checkpoint import (
-    capture_rank_rng,
-    checkpoint_name,
-    latest_checkpoint,
-    load_training_state,
-    restore_training_rng,
-    save_checkpoint,
-)
-from latentloop.train.optim import build_optimizer, lr_at, set_lr
-from latentloop.train.trainer import (
-    TaskConfig,
-    TrainConfig,
-    TrainingError,
-    _InterruptFlag,
-    _Metrics,
-    _ProgressBar,
-    _seed_everything,
-    build_run_config,
-    compile_for_training,
-    measure_matmul_speed,
-    resolve_device,
-    resumed_precision,
-    save_run_config,
-)
+from latentloop.train.objective import Objective, Updates
+from latentloop.train.precision import compile_for_training
+from latentloop.train.puzzle_batches import draw_examples, fit_puzzle_embeddings, task_data, train_batch
+from latentloop.train.run_config import ReasonerRunConfig, ReasonerTrainConfig, fit_to_task
 
 TRAIN_WEIGHTS = "train_model.safetensors"
 _NOISE_STREAM = 0x4E015E  # keeps model-noise seeds apart from data seeds of the same (seed, step)
@@ -76,156 +52,146 @@ _REFILL_STREAM = 0x5EF111  # the fresh samples of train.replace_halted, apart fr
 SLOTS_FILE = "slots.safetensors"  # train.replace_halted: the samples in flight when a checkpoint was written
 
 
-@dataclass
-class ReasonerTrainConfig(TrainConfig):
-    """:class:`TrainConfig` plus the deep-supervision settings. ``steps`` counts batches (each ``n_sup``
-    optimizer updates); ``warmup_steps`` counts optimizer updates."""
+class DeepSupervision(Objective):
+    """Deep supervision of a reasoner (:class:`ReasonerRunConfig` runs): ``n_sup`` updates per batch, an EMA
+    of the weights (what checkpoints' ``model.safetensors`` and evaluation use), halting slots under
+    ``train.replace_halted``."""
 
-    ema: float = 0.999
-    stablemax: bool = False
-    halt_weight: float = 0.5
-    value_weight: float = 0.5
-    augment: bool = True
-    # HRM/TRM's ACT training: a sample that the Q-head halts is replaced by a fresh one (see HaltedReplacement)
-    replace_halted: bool = False
-    halt_exploration: float = 0.1  # chance per step that a sample is held for a random 2..n_sup steps
-    train_size: int | None = None
-    test_size: int | None = None
-    data: str | None = None
+    seen = "examples_seen"
+    unit = "ex/s"
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if not 0 <= self.ema < 1:
-            raise UsageError(f"train.ema must be in [0, 1), got {self.ema}")
-        if not 0 <= self.halt_exploration <= 1:
-            raise UsageError(f"train.halt_exploration must be in [0, 1], got {self.halt_exploration}")
-        if self.parallel != "ddp":
+    def __init__(
+        self, config: ReasonerRunConfig, task: Task, out: Path, ctx: dist.DistContext, device: str
+    ) -> None:
+        super().__init__(config, task, out, ctx, device)
+        config.model = fit_to_task(config.model, task)
+        self.updates_per_step = config.model.n_sup
+        self.window: dict[str, float] = {}
+        self.parts: tuple[str, ...] = ()
+
+    def setup(self) -> None:
+        config, ctx = self.config, self.ctx
+        if ctx.is_main:  # rank 0 builds OUT/data (once) before the other ranks read it
+            self.task, self.data = task_data(config, self.out)
+        dist.barrier(ctx)
+        if not ctx.is_main:
+            self.task, self.data = task_data(config, self.out)
+        fit_puzzle_embeddings(config.model, self.task, self.data)
+        if config.model.puzzles and REASONERS[config.arch].generative:
             raise UsageError(
-                f"train.parallel={self.parallel} is for the recurrent-depth LM; reasoners train with ddp"
+                f"{config.arch} has no puzzle embeddings; task {self.task.name} needs them (use trm, hrm or gram)"
             )
 
+    def build(self, checkpoint: Path | None) -> torch.nn.Module:
+        config = self.config
+        self.model = build_reasoner(config.arch, config.model).to(self.device)
+        self.ema = copy.deepcopy(self.model).requires_grad_(
+            False
+        )  # evaluated with eager kernels: not compiled
+        if checkpoint is not None:
+            _check_architecture(checkpoint, self.model)
+            self.model.load_weights(checkpoint / TRAIN_WEIGHTS)
+            self.ema.load_weights(checkpoint / "model.safetensors")
+        slots = HaltedReplacement if self.tc.replace_halted else FixedBatches
+        self.samples = slots(self.model, self.task, self.data["train"], self.tc, self.ctx, self.device)
+        self.weights = _TrainingWeights(self.model, self.ema)
+        return self.model
 
-@dataclass
-class ReasonerRunConfig:
-    """A reasoner run: ``arch`` (direct, looped, hrm, trm, gram) and the ``model``, ``train``, ``task`` sections."""
+    def resume(self, checkpoint: Path, log: Callable[[str], None] | None) -> None:
+        if self.tc.replace_halted:
+            _restore_slots(self.samples, checkpoint, self.ctx, log)
 
-    arch: str = "gram"
-    model: ReasonerConfig = field(default_factory=ReasonerConfig)
-    train: ReasonerTrainConfig = field(default_factory=ReasonerTrainConfig)
-    task: TaskConfig = field(default_factory=lambda: TaskConfig(name="nqueens"))
+    def prepare(self, optimizer: torch.optim.Optimizer, checkpoint: Path | None) -> torch.optim.Optimizer:
+        self.model.train()
+        if self.tc.compile:
+            compile_for_training(self.model, self.device)
+        # Ranks start equal and stay equal: the same averaged gradients give the same updates.
+        dist.broadcast_module(self.model, self.ctx)
+        dist.broadcast_module(self.ema, self.ctx)
+        # Same order: the EMA is a deep copy.
+        self.params, self.ema_params = list(self.model.parameters()), list(self.ema.parameters())
+        return optimizer
 
+    def precision_probe(self) -> tuple[int, int]:
+        return self.config.model.dim, self.config.model.hidden
 
-def build_reasoner_config(
-    data: dict[str, Any] | None = None,
-    overrides: Sequence[str] = (),
-    task: str | None = None,
-    arch: str | None = None,
-) -> ReasonerRunConfig:
-    """A :class:`ReasonerRunConfig` from YAML-style data, a task spec, an arch and ``key=value`` overrides."""
-    data = dict(data or {})
-    data.setdefault("task", {"name": "nqueens"})
-    return build_run_config(
-        data, overrides, task=task, arch=arch, config_cls=ReasonerRunConfig, archs=tuple(REASONERS)
-    )
+    def train_step(self, step: int, updates: Updates) -> tuple[list[float], int]:
+        tc, ctx, model, samples = self.tc, self.ctx, self.model, self.samples
+        n_sup = self.updates_per_step
+        torch.manual_seed(model_noise_seed(tc.seed, step, ctx.rank))
+        losses = []
+        for n in range(n_sup):
+            batch, labels, carry, last = samples.next(step, n)
+            updates.begin(step, n)
+            with self.autocast():
+                carry, output = model(carry, batch, target=labels)
+                target_q = None
+                if self.config.model.halting == "q-learning":
+                    target_q = next_step_continue_target(model, carry, batch, labels, last)
+                loss, parts = supervision_loss(output, labels, self.config.model.beta, tc, target_q)
+            value = float(loss.detach())
+            if ctx.enabled:  # equal shards: the mean over ranks is the loss of the whole batch
+                value, *averaged = dist.all_reduce_mean([value, *parts.values()], ctx)
+                parts = dict(zip(parts, averaged, strict=True))
+            updates.check_loss(value)
+            # The carry holds outputs that this step's loss does not use, so DDP's hooks would wait forever;
+            # gradients are averaged over ranks explicitly instead.
+            grad_norm = updates.apply(loss, ctx, average=True)
+            with torch.no_grad():
+                decay = ema_decay(tc.ema, step * n_sup + n)
+                torch._foreach_lerp_(self.ema_params, self.params, 1.0 - decay)
+            carry = {k: v.detach() for k, v in carry.items()}
+            # The samples that finished: their answer is what inference would return.
+            finished = samples.advance(carry, output, last)
+            losses.append(value)
+            for key, v in {"loss": value, "grad_norm": grad_norm, **parts, **finished}.items():
+                self.window[key] = self.window.get(key, 0.0) + v
+            self.window["n"] = self.window.get("n", 0.0) + 1
+            self.parts = tuple(parts)
+        self.lr = updates.lr
+        (loaded,) = dist.all_reduce_sum([samples.take_loaded()], ctx)
+        return losses, int(loaded)
 
-
-def load_reasoner_run_config(path: str | Path) -> ReasonerRunConfig:
-    """The run config saved as ``OUT/config.yaml``."""
-    return build_reasoner_config(load_yaml(path))
-
-
-def fit_to_task(config: ReasonerConfig, task: Task) -> ReasonerConfig:
-    """``config`` with the task's vocabulary and length filled in; a config that does not fit is an error."""
-    fitted = copy.deepcopy(config)
-    for name, need in (("vocab_size", int(task.vocab_size)), ("seq_len", int(task.seq_len))):
-        have = getattr(fitted, name)
-        if have == 0:
-            setattr(fitted, name, need)
-        elif have != need:
-            raise UsageError(
-                f"model.{name}={have} does not fit task {task.name!r} ({name} {need}); "
-                f"set model.{name}={need} or 0 (from the task)"
-            )
-    return fitted
-
-
-# Data ----------------------------------------------------------------------------------------------------------
-def task_data(config: ReasonerRunConfig, out: Path) -> tuple[Task, dict[str, dict[str, np.ndarray]]]:
-    """The task and its train/test arrays: ``train.data`` if given, else built once into ``OUT/data``."""
-    tc = config.train
-    task = get_task(config.task.name, **config.task.options)
-    folder = Path(tc.data) if tc.data else out / "data"
-    if not tc.data and not (folder / "metadata.json").is_file():
-        build_dataset(task, folder, size=tc.train_size, test_size=tc.test_size, seed=tc.seed, progress=False)
-    dataset = load_dataset(folder)
-    meta = dataset.metadata
-    if meta.get("task") != task.name or int(meta.get("seq_len", -1)) != task.seq_len:
-        raise UsageError(
-            f"dataset {folder} holds {meta.get('task')!r} with seq_len {meta.get('seq_len')}, "
-            f"the config asks for {task.name!r} with seq_len {task.seq_len}"
+    def train_record(self, seen: int, rate: float) -> tuple[dict[str, Any], str]:
+        window, n_total = self.window, self.window.pop("n")
+        record: dict[str, Any] = {"lr": self.lr}
+        record.update({k: window[k] / n_total for k in ("loss", "grad_norm", *self.parts)})
+        done, done_exact, done_steps = dist.all_reduce_sum(
+            [window.get(k, 0.0) for k in ("finished", "finished_exact", "finished_steps")], self.ctx
         )
-    return task, {s: {k: np.asarray(v) for k, v in dataset.split(s).items()} for s in ("train", "test")}
+        record["final_exact"] = done_exact / max(done, 1.0)
+        if self.tc.replace_halted:
+            record["halt_steps"] = done_steps / max(done, 1.0)
+        record["examples_per_s"] = rate
+        record["examples_seen"] = seen
+        self.window = {}
+        line = (
+            f"loss {record['loss']:.4f}  ce {record['ce']:.4f}  kl {record['kl']:.3f}"
+            f"  exact {record['final_exact']:.3f}  {record['examples_per_s']:.1f} ex/s"
+        )
+        if "halt_steps" in record:
+            line += f"  halted after {record['halt_steps']:.1f} steps"
+        return record, line
 
+    def evaluate(self, step: int) -> tuple[dict[str, Any], str]:
+        record = evaluate_ema(self.ema, self.task, self.data["test"], self.tc.eval_size, step, self.ctx)
+        line = f"eval step {step}: accuracy {record['accuracy']:.4f} (1 sample, {record['num_steps']} steps)"
+        return record, line
 
-def _augment_nqueens(x: np.ndarray, y: np.ndarray, rng: np.random.Generator, n: int) -> None:
-    from latentloop.data.augment import dihedral
+    def saved_parts(self, optimizer: torch.optim.Optimizer) -> tuple[Any, torch.optim.Optimizer]:
+        slots = dist.gather_objects(self.samples.state_dict(), self.ctx) if self.tc.replace_halted else []
+        self.weights.slots = slots
+        return self.weights, optimizer
 
-    for i, k in enumerate(rng.integers(0, 8, len(x))):
-        x[i] = dihedral(x[i].reshape(n, n), int(k)).reshape(-1)
-        y[i] = dihedral(y[i].reshape(n, n), int(k)).reshape(-1)
+    def checkpoint_state(self) -> dict[str, Any]:
+        return {"arch": self.config.arch}
 
-
-def _augment_sudoku(x: np.ndarray, y: np.ndarray, rng: np.random.Generator, task: Any) -> None:
-    from latentloop.tasks.sudoku import augment
-
-    for i in range(len(x)):
-        p, s = augment(task.decode(x[i]), task.decode(y[i]), rng, task.box)
-        x[i], y[i] = task.encode(p), task.encode(s)
-
-
-def train_batch(
-    task: Task, split: dict[str, np.ndarray], step: int, batch_size: int, seed: int, augment: bool
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(inputs, labels, puzzle_ids)`` of batch ``step``: rows drawn with replacement by a generator seeded
-    with ``(seed, step)``, then a validity-preserving transform per row (N-Queens: the 8 symmetries of the
-    board; Sudoku: digit, band and stack shuffles). Graph colouring has no augmentation (its labels are
-    canonical colourings), nor has ARC here (its augmented copies are rows of the dataset, each with its own
-    puzzle id)."""
-    return draw_examples(task, split, np.random.default_rng([seed, step]), batch_size, augment)
-
-
-def draw_examples(
-    task: Task, split: dict[str, np.ndarray], rng: np.random.Generator, count: int, augment: bool
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``count`` rows of ``split`` drawn with replacement by ``rng``, augmented (see :func:`train_batch`)."""
-    rows = rng.integers(0, len(split["inputs"]), count)
-    x, y = split["inputs"][rows].copy(), split["labels"][rows].copy()
-    if augment and task.name == "nqueens":
-        _augment_nqueens(x, y, rng, task.n)  # type: ignore[attr-defined]
-    elif augment and task.name == "sudoku":
-        _augment_sudoku(x, y, rng, task)
-    puzzle_ids = np.asarray(split["puzzle_ids"])[rows].astype(np.int64)
-    return (
-        torch.from_numpy(x.astype(np.int64)),
-        torch.from_numpy(y.astype(np.int64)),
-        torch.from_numpy(puzzle_ids),
-    )
-
-
-def fit_puzzle_embeddings(config: ReasonerConfig, task: Task, data: dict[str, dict[str, np.ndarray]]) -> None:
-    """Give ``config`` one puzzle embedding per puzzle id of the dataset when the task needs them (ARC)."""
-    if not getattr(task, "puzzle_embeddings", False):
-        return
-    needed = 1 + max(int(np.max(split["puzzle_ids"], initial=-1)) for split in data.values())
-    if config.puzzles and config.puzzles < needed:
-        raise UsageError(f"model.puzzles={config.puzzles} is too few: the dataset has {needed} puzzle ids")
-    config.puzzles = config.puzzles or needed
-
-
-# The samples of each update ---------------------------------------------------------------------------------------
-def answer_exact(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """``[B]`` bool: the argmax answer matches every scored label (labels 0 are not scored)."""
-    return ((logits.argmax(-1) == labels) | (labels == 0)).all(-1)
+    def counts(self, seen: int) -> dict[str, int]:
+        return {
+            "tokens_seen": seen * self.config.model.seq_len,
+            "examples_seen": seen,
+            "parameters": num_parameters(self.model),
+        }
 
 
 class FixedBatches:
@@ -398,7 +364,7 @@ def supervision_loss(
     token_nll = -log_probs.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
     scored = mask.sum(-1).clamp(min=1)
     ce = ((token_nll * mask).sum(-1) / scored).mean()
-    if getattr(out, "loss", None) is not None:  # the generative baselines' own objective (AR, MDLM)
+    if out.loss is not None:  # the generative baselines' own objective (AR, MDLM)
         ce = out.loss.float().mean()
     with torch.no_grad():
         accuracy = ((logits.argmax(-1) == labels) & mask).sum(-1) / scored
@@ -485,8 +451,6 @@ def _restore_slots(
 
 
 def _check_architecture(checkpoint: Path, model: Reasoner) -> None:
-    import json
-
     saved = json.loads((checkpoint / "config.json").read_text())
     mine = model.config_dict()
     defaults = {"puzzles": 0, "puzzle_tokens": 1}  # checkpoints written before puzzle embeddings existed
@@ -510,38 +474,16 @@ def _check_architecture(checkpoint: Path, model: Reasoner) -> None:
             )
 
 
-# Training ------------------------------------------------------------------------------------------------------
-@dataclass
-class ReasonerTrainResult:
-    """What a call to :func:`train_reasoner` did. ``losses`` has one entry per supervision step."""
-
-    out_dir: Path
-    step: int
-    losses: list[float]
-    checkpoint: Path | None
-    stopped: str
-    examples_seen: int
-    precision: str
-    elapsed_s: float
-    resumed_from: int
-    parameters: int
-    last_eval: dict[str, Any] | None = None
-
-
-def _evaluate(
+def evaluate_ema(
     ema: Reasoner,
     task: Task,
     split: dict[str, np.ndarray],
     limit: int,
     step: int,
-    metrics: _Metrics,
-    log: Callable[[str], None] | None,
     ctx: dist.DistContext = dist.SINGLE,
 ) -> dict[str, Any]:
-    """Held-out accuracy of the EMA weights as inference runs them (GRAM sampling its prior), logged. With
-    several processes each rank solves a contiguous share of the puzzles and the counts are summed."""
-    from latentloop.eval.reasoners import quick_accuracy, unique_rows
-
+    """Held-out accuracy of the EMA weights as inference runs them (GRAM sampling its prior). With several
+    processes each rank solves a contiguous share of the puzzles and the counts are summed."""
     was_training = ema.training
     if ctx.enabled:
         distinct = unique_rows(split, limit)
@@ -560,19 +502,7 @@ def _evaluate(
         result = quick_accuracy(ema.eval(), task, split, limit)
     record = {"kind": "eval", "step": step, **result}
     ema.train(was_training)
-    metrics.write(record)
-    if log:
-        log(f"eval step {step}: accuracy {record['accuracy']:.4f} (1 sample, {record['num_steps']} steps)")
     return record
-
-
-def _choose_precision(requested: str, config: ReasonerConfig, tokens: int, device: str) -> str:
-    if requested != "auto":
-        return requested
-    if device.startswith("cuda"):
-        return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
-    timing = measure_matmul_speed(min(tokens, 4096), config.dim, 2 * config.hidden, device)
-    return "bf16" if timing["bf16"] < 0.9 * timing["fp32"] else "fp32"
 
 
 def model_noise_seed(seed: int, step: int, rank: int) -> int:
@@ -581,229 +511,3 @@ def model_noise_seed(seed: int, step: int, rank: int) -> int:
     whatever the process count; distinct per rank, so that ranks, holding different rows, draw independent
     noise."""
     return int(np.random.SeedSequence([_NOISE_STREAM, seed, step, rank]).generate_state(1, np.uint64)[0])
-
-
-@dist.leaves_group
-def train_reasoner(
-    config: ReasonerRunConfig,
-    out_dir: str | Path,
-    progress: bool | str = False,
-    log: Callable[[str], None] | None = None,
-    stop_at: int | None = None,
-) -> ReasonerTrainResult:
-    """Train (or resume) the reasoner run in ``out_dir`` until ``train.steps`` batches or the time budget.
-
-    ``progress`` shows a progress bar (a string names the phase on it, e.g. the model's name); ``stop_at``
-    ends this call after that many batches (as an interruption would), with a checkpoint.
-    Under ``torchrun`` it trains data-parallel (see :mod:`latentloop.train.distributed`): each rank takes a
-    slice of the step's batch and every supervision step's update is averaged over ranks, so ranks stay in
-    step; only rank 0 writes to ``out_dir``.
-    """
-    started = time.perf_counter()
-    out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out} exists and is not a folder")
-    tc, arch = config.train, config.arch
-    task = get_task(config.task.name, **config.task.options)
-    config.model = fit_to_task(config.model, task)
-    settle_vector_math()
-    ctx, device = dist.setup(resolve_device(tc.device))
-    dist.check_batch(tc.batch_size, ctx)
-    if not ctx.is_main:
-        progress, log = False, None
-    out.mkdir(parents=True, exist_ok=True)
-    if ctx.is_main:  # rank 0 builds OUT/data (once) before the other ranks read it
-        task, data = task_data(config, out)
-    dist.barrier(ctx)
-    if not ctx.is_main:
-        task, data = task_data(config, out)
-
-    fit_puzzle_embeddings(config.model, task, data)
-    if config.model.puzzles and hasattr(REASONERS[arch], "sample"):
-        raise UsageError(
-            f"{arch} has no puzzle embeddings; task {task.name} needs them (use trm, hrm or gram)"
-        )
-    _seed_everything(tc.seed)
-    model = build_reasoner(arch, config.model).to(device)
-    ema = copy.deepcopy(model).requires_grad_(False)  # evaluated with eager kernels: not compiled
-    optimizer = build_optimizer(model, tc.lr, tc.betas, tc.weight_decay, tc.eps)
-    found = dist.broadcast_object(str(latest_checkpoint(out) or ""), ctx)  # rank 0 picks it for all
-    checkpoint = Path(found) if found else None
-    start_step, examples_seen = 0, 0
-    if checkpoint is not None:
-        _check_architecture(checkpoint, model)
-        model.load_weights(checkpoint / TRAIN_WEIGHTS)
-        ema.load_weights(checkpoint / "model.safetensors")
-        state, torch_rng = load_training_state(checkpoint, optimizer)
-        start_step, examples_seen = state["step"], int(state.get("examples_seen", 0))
-        # The time budget covers the whole run, interrupted or not.
-        started -= float(state.get("train_seconds", 0.0))
-        restore_training_rng(state, torch_rng, ctx.rank, ctx.world_size)
-        if log:
-            log(f"resuming from {checkpoint} (step {start_step})")
-    if ctx.is_main:
-        save_run_config(config, out / "config.yaml")
-    model.train()
-    if tc.compile:
-        compile_for_training(model, device)
-    # Ranks start equal and stay equal: the same averaged gradients give the same updates.
-    dist.broadcast_module(model, ctx)
-    dist.broadcast_module(ema, ctx)
-    # "auto" times matmuls, which may come out differently on each rank; rank 0's choice holds for all,
-    # and a resumed run keeps the choice it made when it started.
-    requested = resumed_precision(tc.precision, state if checkpoint is not None else None)
-    precision = dist.broadcast_object(
-        _choose_precision(requested, config.model, tc.batch_size * task.seq_len, device), ctx
-    )
-    autocast_device = "cuda" if device.startswith("cuda") else "cpu"
-    n_sup = config.model.n_sup
-    total_updates = tc.steps * n_sup
-    params, ema_params = list(model.parameters()), list(ema.parameters())  # same order: ema is a deep copy
-
-    metrics = _Metrics(out, start_step, tc.tensorboard, enabled=ctx.is_main)
-    end_step = tc.steps if stop_at is None else min(tc.steps, stop_at)
-    budget_s = tc.budget_minutes * 60 if tc.budget_minutes else math.inf
-    losses: list[float] = []
-    window: dict[str, float] = {}
-    last_saved, saved_step = checkpoint, (start_step if checkpoint is not None else -1)
-    stopped, step = "steps", start_step
-    wrapped = _TrainingWeights(model, ema)
-    samples = (HaltedReplacement if tc.replace_halted else FixedBatches)(
-        model, task, data["train"], tc, ctx, device
-    )
-    if tc.replace_halted and checkpoint is not None:
-        _restore_slots(samples, checkpoint, ctx, log)
-    phase = f"{progress} train" if isinstance(progress, str) else "train"
-    bar = _ProgressBar(bool(progress), tc.steps, start_step, phase, "ex/s", budget_s, started)
-
-    def trainer_state() -> dict[str, Any]:
-        return {
-            "examples_seen": examples_seen,
-            "precision": precision,
-            "seed": tc.seed,
-            "arch": arch,
-            "train_seconds": time.perf_counter() - started,
-            "world_size": ctx.world_size,
-        }
-
-    def save(at: int) -> Path:
-        # Every rank hands its RNG states to rank 0, which alone writes the checkpoint.
-        rank_rng = dist.gather_objects(capture_rank_rng(), ctx)
-        wrapped.slots = dist.gather_objects(samples.state_dict(), ctx) if tc.replace_halted else []
-        path = out / "checkpoints" / checkpoint_name(at)
-        if ctx.is_main:
-            path = save_checkpoint(
-                out, at, wrapped, optimizer, trainer_state(), tc.keep_checkpoints, rank_rng=rank_rng
-            )  # type: ignore[arg-type]
-        dist.barrier(ctx)
-        return path
-
-    last_eval: dict[str, Any] | None = None
-    interrupt = _InterruptFlag()
-    try:
-        with bar, interrupt:
-            while step < end_step:
-                unsaved = functools.partial(save, step) if step > saved_step else None
-                if interrupt.should_stop(ctx, started, budget_s, checkpoint=unsaved):
-                    stopped = "budget"
-                    break
-                tick = time.perf_counter()
-                torch.manual_seed(model_noise_seed(tc.seed, step, ctx.rank))
-                for n in range(n_sup):
-                    batch, labels, carry, last = samples.next(step, n)
-                    update = step * n_sup + n
-                    lr = lr_at(update, tc.lr, tc.warmup_steps, total_updates, tc.min_lr_ratio)
-                    set_lr(optimizer, lr)
-                    with torch.autocast(autocast_device, dtype=torch.bfloat16, enabled=precision == "bf16"):
-                        carry, output = model(carry, batch, target=labels)
-                        target_q = None
-                        if config.model.halting == "q-learning":
-                            target_q = next_step_continue_target(model, carry, batch, labels, last)
-                        loss, parts = supervision_loss(output, labels, config.model.beta, tc, target_q)
-                    value = float(loss.detach())
-                    if ctx.enabled:  # equal shards: the mean over ranks is the loss of the whole batch
-                        value, *averaged = dist.all_reduce_mean([value, *parts.values()], ctx)
-                        parts = dict(zip(parts, averaged, strict=True))
-                    if not math.isfinite(value):
-                        raise TrainingError(
-                            f"loss became {value} at step {step + 1}, supervision step {n + 1} (lr {lr:.3g}); "
-                            f"last checkpoint: {last_saved or 'none'}; try a lower train.lr"
-                        )
-                    loss.backward()
-                    # The carry holds outputs that this step's loss does not use, so DDP's hooks would wait
-                    # forever; gradients are averaged over ranks explicitly instead.
-                    dist.average_gradients(params, ctx)
-                    grad_norm = torch.nn.utils.clip_grad_norm_(
-                        params, tc.grad_clip if tc.grad_clip > 0 else math.inf
-                    )
-                    optimizer.step()
-                    optimizer.zero_grad(set_to_none=True)
-                    with torch.no_grad():
-                        torch._foreach_lerp_(ema_params, params, 1.0 - ema_decay(tc.ema, update))
-                    carry = {k: v.detach() for k, v in carry.items()}
-                    # The samples that finished: their answer is what inference would return.
-                    finished = samples.advance(carry, output, last)
-                    losses.append(value)
-                    for key, v in {"loss": value, "grad_norm": float(grad_norm), **parts, **finished}.items():
-                        window[key] = window.get(key, 0.0) + v
-                    window["n"] = window.get("n", 0.0) + 1
-                (loaded,) = dist.all_reduce_sum([samples.take_loaded()], ctx)
-                window["loaded"] = window.get("loaded", 0.0) + loaded
-                window["time"] = window.get("time", 0.0) + time.perf_counter() - tick
-                step += 1
-                examples_seen += int(loaded)
-                accuracy = last_eval["accuracy"] if last_eval is not None else None
-                bar.update(step, value, loaded / max(time.perf_counter() - tick, 1e-9), accuracy)
-                if step % tc.log_every == 0 or step == end_step:
-                    n_total = window.pop("n")
-                    record: dict[str, Any] = {"kind": "train", "step": step, "lr": lr}
-                    record.update({k: window[k] / n_total for k in ("loss", "grad_norm", *parts)})
-                    done, done_exact, done_steps = dist.all_reduce_sum(
-                        [window.get(k, 0.0) for k in ("finished", "finished_exact", "finished_steps")], ctx
-                    )
-                    record["final_exact"] = done_exact / max(done, 1.0)
-                    if tc.replace_halted:
-                        record["halt_steps"] = done_steps / max(done, 1.0)
-                    record["examples_per_s"] = window["loaded"] / max(window["time"], 1e-9)
-                    record["examples_seen"] = examples_seen
-                    record["elapsed_s"] = round(time.perf_counter() - started, 3)
-                    metrics.write(record)
-                    if log:
-                        log(
-                            f"step {step:>6}  loss {record['loss']:.4f}  ce {record['ce']:.4f}  kl {record['kl']:.3f}"
-                            f"  exact {record['final_exact']:.3f}  {record['examples_per_s']:.1f} ex/s"
-                            + (
-                                f"  halted after {record['halt_steps']:.1f} steps"
-                                if "halt_steps" in record
-                                else ""
-                            )
-                        )
-                    window = {}
-                if tc.eval_every and tc.eval_size and step % tc.eval_every == 0 and step < end_step:
-                    last_eval = _evaluate(ema, task, data["test"], tc.eval_size, step, metrics, log, ctx)
-                if tc.checkpoint_every and step % tc.checkpoint_every == 0:
-                    last_saved = save(step)
-                    saved_step = step
-            if stop_at is not None and step >= stop_at and step < tc.steps:
-                stopped = "stop_at"
-    except BaseException:
-        metrics.close()
-        raise
-    if step != saved_step:
-        last_saved = save(step)
-    if stopped != "stop_at" and tc.eval_size and (last_eval is None or last_eval["step"] != step):
-        last_eval = _evaluate(ema, task, data["test"], tc.eval_size, step, metrics, log, ctx)
-    metrics.close()
-    return ReasonerTrainResult(
-        out_dir=out,
-        step=step,
-        losses=losses,
-        checkpoint=last_saved,
-        stopped=stopped,
-        examples_seen=examples_seen,
-        precision=precision,
-        elapsed_s=time.perf_counter() - started,
-        resumed_from=start_step,
-        parameters=num_parameters(model),
-        last_eval=last_eval,
-    )

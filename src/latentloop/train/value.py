@@ -30,12 +30,12 @@ from safetensors.torch import save_file
 from tqdm import tqdm
 
 from latentloop.errors import UsageError
-from latentloop.eval.reasoners import answers_valid
+from latentloop.eval.metrics import answers_valid
 from latentloop.io import atomic_path
 from latentloop.models.reasoners import Reasoner
 from latentloop.models.reasoners.heads import VALUE_HEAD_FILE, SequenceValueHead
 from latentloop.tasks.base import Task
-from latentloop.train.deep_supervision import draw_examples
+from latentloop.train.puzzle_batches import draw_examples
 
 
 @dataclass
@@ -121,7 +121,7 @@ def fit_value_head(
     """
     if min(rollouts, steps, batch_size) < 1 or held_out < 0:
         raise UsageError("--rollouts, --steps and --batch-size must be at least 1, --held-out at least 0")
-    if not model.stochastic or getattr(model, "sample", None) is not None:
+    if not model.stochastic or model.generative:
         raise UsageError(
             f"{model.arch} has no value head to fit: value selection ranks GRAM's samples (deterministic "
             "models draw identical ones; ar and mdlm rank by their own sequence scores)"

@@ -13,7 +13,9 @@ from latentloop.errors import UsageError
 from latentloop.infer.scaling import solve
 from latentloop.models.reasoners import ARReasoner, ReasonerConfig, build_reasoner, load_reasoner
 from latentloop.tasks.base import get_task
-from latentloop.train.deep_supervision import build_reasoner_config, supervision_loss, train_reasoner
+from latentloop.train.deep_supervision import supervision_loss
+from latentloop.train.loop import train
+from latentloop.train.run_config import build_reasoner_config
 from tests.tiny import TINY_GENERATIVE
 
 TASK = get_task("nqueens", n=4)
@@ -132,7 +134,7 @@ def test_the_trainer_uses_the_models_own_loss():
 
 
 def test_a_tiny_training_run_lowers_the_loss_and_evaluates(tmp_path, capsys):
-    result = train_reasoner(build_reasoner_config(TINY_GENERATIVE, arch="ar"), tmp_path / "run")
+    result = train(build_reasoner_config(TINY_GENERATIVE, arch="ar"), tmp_path / "run")
     assert len(result.losses) == 30  # n_sup = 1: one loss per batch
     assert sum(result.losses[-5:]) / 5 < sum(result.losses[:5]) / 5
     assert result.last_eval is not None and result.last_eval["num_steps"] == 1

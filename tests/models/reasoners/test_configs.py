@@ -12,8 +12,7 @@ from latentloop.config import load_yaml
 from latentloop.experiments import available_experiments, load_experiment
 from latentloop.models.reasoners import REASONERS, build_reasoner, num_parameters
 from latentloop.tasks.base import get_task
-from latentloop.train.deep_supervision import build_reasoner_config, fit_to_task
-from latentloop.train.trainer import build_run_config
+from latentloop.train.run_config import build_reasoner_config, build_run_config, fit_to_task
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 TABLES = ("nqueens8", "graph-coloring8", "sudoku", "arc-agi-1")  # one results table per task

@@ -15,7 +15,8 @@ from latentloop.models.reasoners import MDLMReasoner, ReasonerConfig, build_reas
 from latentloop.models.reasoners import mdlm as mdlm_module
 from latentloop.models.reasoners.mdlm import MASK, mdlm_loss, sample_times, unmask
 from latentloop.tasks.base import get_task
-from latentloop.train.deep_supervision import build_reasoner_config, train_reasoner
+from latentloop.train.loop import train
+from latentloop.train.run_config import build_reasoner_config
 from tests.tiny import TINY_GENERATIVE, tiny_run
 
 TASK = get_task("nqueens", n=4)
@@ -162,10 +163,10 @@ TINY_RUN = tiny_run(TINY_GENERATIVE, model={"cycles": 3})
 
 def test_a_tiny_training_run_resumes_exactly_and_evaluates(tmp_path, capsys):
     config = build_reasoner_config(TINY_RUN, arch="mdlm")
-    whole = train_reasoner(config, tmp_path / "whole")
+    whole = train(config, tmp_path / "whole")
     assert sum(whole.losses[-5:]) / 5 < sum(whole.losses[:5]) / 5
-    first = train_reasoner(build_reasoner_config(TINY_RUN, arch="mdlm"), tmp_path / "split", stop_at=12)
-    second = train_reasoner(build_reasoner_config(TINY_RUN, arch="mdlm"), tmp_path / "split")
+    first = train(build_reasoner_config(TINY_RUN, arch="mdlm"), tmp_path / "split", stop_at=12)
+    second = train(build_reasoner_config(TINY_RUN, arch="mdlm"), tmp_path / "split")
     assert first.losses + second.losses == whole.losses, "masks come from torch's RNG, restored on resume"
     assert whole.last_eval is not None and whole.last_eval["num_steps"] == 3
     argv = ["eval", str(tmp_path / "whole"), "--samples", "3", "--steps", "2", "--limit", "4", "--json"]

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from latentloop.errors import UsageError
+from latentloop.infer.scaling import draws_samples
 from latentloop.models.reasoners import REASONERS, GRAMReasoner, ReasonerConfig, build_reasoner, load_reasoner
 from latentloop.models.reasoners.base import ReasoningModule
 from latentloop.tasks.base import get_task
@@ -194,3 +195,22 @@ def test_a_puzzle_embedding_starts_at_zero_and_is_saved(tmp_path):
     model.save_pretrained(tmp_path)
     loaded = load_reasoner(tmp_path)
     assert loaded.config.puzzles == 3 and torch.equal(loaded.puzzle_embed.weight, model.puzzle_embed.weight)
+
+
+def test_capabilities_are_declared_on_every_reasoner():
+    shipped = {arch: cls for arch, cls in REASONERS.items() if cls.__module__.startswith("latentloop.")}
+    declared = {arch: (cls.stochastic, cls.generative) for arch, cls in shipped.items()}
+    assert declared == {
+        "direct": (False, False),
+        "looped": (False, False),
+        "hrm": (False, False),
+        "trm": (False, False),
+        "gram": (True, False),
+        "ar": (False, True),
+        "mdlm": (False, True),
+    }
+    # A generative model brings its own sampler; the others decode one supervision step at a time.
+    assert all(callable(getattr(cls, "sample", None)) == cls.generative for cls in shipped.values())
+    task = get_task("nqueens", n=4)
+    drawn = {arch: draws_samples(build_reasoner(arch, tiny(task))) for arch in shipped}
+    assert drawn == {arch: stochastic or generative for arch, (stochastic, generative) in declared.items()}

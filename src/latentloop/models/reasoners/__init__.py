@@ -1,15 +1,27 @@
-"""Recursive puzzle reasoners under one interface (see :mod:`latentloop.models.reasoners.base`)."""
+"""Recursive puzzle reasoners under one interface (see :mod:`latentloop.models.reasoners.base`).
+
+Every module of this package is imported here, and each :class:`Reasoner` subclass with an ``arch`` registers
+itself in :data:`REASONERS`: a new model is one new file in this folder.
+"""
 
 from __future__ import annotations
 
+import importlib
 import json
+import pkgutil
 from pathlib import Path
 from typing import Any
 
 from latentloop.config import from_dict
 from latentloop.errors import UsageError
 from latentloop.models.reasoners.ar import ARReasoner
-from latentloop.models.reasoners.base import Reasoner, ReasonerConfig, ReasonerOutput, num_parameters
+from latentloop.models.reasoners.base import (
+    REASONERS,
+    Reasoner,
+    ReasonerConfig,
+    ReasonerOutput,
+    num_parameters,
+)
 from latentloop.models.reasoners.direct import DirectReasoner
 from latentloop.models.reasoners.gram import GRAMReasoner
 from latentloop.models.reasoners.heads import VALUE_HEAD_FILE
@@ -18,12 +30,12 @@ from latentloop.models.reasoners.looped import LoopedReasoner
 from latentloop.models.reasoners.mdlm import MDLMReasoner
 from latentloop.models.reasoners.trm import TRMReasoner
 
-_RECURSIVE = (DirectReasoner, LoopedReasoner, HRMReasoner, TRMReasoner, GRAMReasoner)
-REASONERS: dict[str, type[Reasoner]] = {cls.arch: cls for cls in (*_RECURSIVE, ARReasoner, MDLMReasoner)}
+for _module in pkgutil.iter_modules(__path__):  # the models added as files of their own
+    importlib.import_module(f"{__name__}.{_module.name}")
 
 
 def build_reasoner(arch: str, config: ReasonerConfig) -> Reasoner:
-    """A fresh reasoner ``arch`` (direct, looped, hrm, trm, gram, ar, mdlm)."""
+    """A fresh reasoner ``arch`` (a name of :data:`REASONERS`: direct, looped, hrm, trm, gram, ar, mdlm, ...)."""
     if arch not in REASONERS:
         raise UsageError(f"unknown model {arch!r} (known: {', '.join(sorted(REASONERS))})")
     return REASONERS[arch](config)

@@ -63,6 +63,7 @@ class ARReasoner(Reasoner):
     :class:`Reasoner`. Decoding with :meth:`sample` needs one step (``steps`` 1)."""
 
     arch = "ar"
+    generative = True
 
     def __init__(self, config: ReasonerConfig) -> None:
         super().__init__(config)

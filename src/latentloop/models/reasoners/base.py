@@ -35,6 +35,8 @@ from latentloop.nn import BLOCKS, RMSNorm, RotaryEmbedding, SequenceMLPBlock
 
 MIXERS = ("attention", "mlp")
 Carry = dict[str, torch.Tensor]
+# arch -> class of every reasoner defined so far: a subclass with an ``arch`` registers itself (see Reasoner).
+REASONERS: dict[str, type[Reasoner]] = {}
 
 
 @dataclass
@@ -141,12 +143,23 @@ class ReasoningModule(nn.Module):
 class Reasoner(nn.Module):
     """Base class: input embedding, rotary tables, decoder, halting and value heads, checkpoint I/O.
 
-    Subclasses set ``arch``, build their recursive modules, and implement :meth:`initial_carry` and
-    :meth:`forward` (one supervision step).
+    Subclasses set ``arch`` (which registers them by that name), build their recursive modules, and implement :meth:`initial_carry` and
+    :meth:`forward` (one supervision step). Their capabilities are declared, each False by default:
+    ``stochastic`` (a step draws noise, so parallel samples differ and a value head can rank them: GRAM) and
+    ``generative`` (the model decodes with its own sampler, ``sample(inputs, steps, temperature)`` returning
+    ``(tokens [S, N, L], values [S, N])``, and is trained on its own loss: the AR and MDLM baselines).
     """
 
     arch: str = ""
     stochastic: bool = False
+    generative: bool = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A subclass that names an ``arch`` joins :data:`REASONERS`, where training, evaluation, experiments
+        and the command line find models by name."""
+        super().__init_subclass__(**kwargs)
+        if cls.__dict__.get("arch"):
+            REASONERS[cls.arch] = cls
 
     def __init__(self, config: ReasonerConfig) -> None:
         super().__init__()

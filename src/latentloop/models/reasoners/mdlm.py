@@ -78,6 +78,7 @@ class MDLMReasoner(Reasoner):
     steps at inference (``solve``'s ``steps`` overrides it)."""
 
     arch = "mdlm"
+    generative = True
 
     def __init__(self, config: ReasonerConfig) -> None:
         super().__init__(config)

@@ -13,9 +13,10 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from latentloop.errors import UsageError
+from latentloop.nn import RotaryEmbedding
 
 if TYPE_CHECKING:
-    from latentloop.models.recurrent_depth import RecurrentDepthLM
+    from latentloop.models.recurrent_depth import RecurrentDepthConfig, RecurrentDepthLM
 
 TOLERATED_EXTRA_KEYS = {"freqs_cis"}
 
@@ -47,14 +48,13 @@ def read_safetensors_folder(path: Path) -> dict[str, torch.Tensor]:
 
 def load_huginn(
     cls: type[RecurrentDepthLM],
+    config: RecurrentDepthConfig,
     path: Path,
     dtype: torch.dtype | None = torch.float32,
     device: str | torch.device = "cpu",
 ) -> RecurrentDepthLM:
-    """Build the model from ``path/config.json`` and load its weights, checking every key and shape."""
-    from latentloop.models.recurrent_depth import load_config_json
-
-    config = load_config_json(path)
+    """Build the model of ``config`` (read from ``path/config.json``) and load its weights from ``path``,
+    checking every key and shape."""
     state = read_safetensors_folder(path)
     with torch.device("meta"):
         model = cls(config)
@@ -88,8 +88,6 @@ def load_huginn(
     if config.tie_embeddings:
         model.lm_head.weight = model.transformer.wte.weight
     # Non-persistent buffers (rotary tables) were built on the meta device: rebuild them for real.
-    from latentloop.nn import RotaryEmbedding
-
     model.rope = RotaryEmbedding(config.head_dim, config.block_size, config.rope_base).to(device)
     return model.eval()
 

@@ -1,0 +1,57 @@
+"""Shipped experiments: train several reasoners on one task under one budget, evaluate them alike, report.
+
+An experiment is a YAML file in ``configs/experiments/``::
+
+    description: N-Queens 8x8 under the GRAM protocol ...
+    budget_minutes: 10          # training wall-clock per model (``--budget-minutes`` sets the total instead)
+    models:                     # name -> run config (relative to this file) and key=value overrides
+      gram: {config: ../nqueens8-gram.yaml}
+      trm: {config: ../nqueens8-trm.yaml, overrides: [train.lr=5e-4]}
+    eval: {samples: 20, steps: 16, limit: 200}
+    paper: {gram: {accuracy: 99.7, coverage: 90.3}}   # the paper's numbers, shown beside ours
+
+An experiment with ``kind: lm`` trains recurrent-depth language models instead and evaluates each at the
+test-time depths ``eval.depths`` (``eval: {depths: [1, 2, 4, 8, 16, 32], limit: 1000}``). One with
+``kind: generation`` trains reasoners on a task with a blank puzzle (digits, Sudoku) and draws
+``eval.samples`` unconditional samples from each (``latentloop sample``): validity, and for digits the
+classifier scores beside real held-out digits.
+
+:func:`run_experiment` trains each model in ``OUT/<model>`` (resuming an interrupted run; a finished run is not
+trained again), evaluates it on the test split with depth (steps ``1..steps``) and width (samples
+``1..samples``) curves, and writes ``results.json``, ``report.md``, ``curves.png`` and (tasks that draw
+their answers) ``boards.png`` in ``OUT``. Every number in the report comes from ``results.json``, which in
+turn holds each run's ``eval.json``. ``key=value`` overrides given for one run (:func:`load_experiment`) reach
+every model's config or the evaluation, and are recorded in ``results.json``.
+
+The package holds the experiment files' spec and loading (:mod:`~latentloop.experiments.spec`), the run itself
+(:mod:`~latentloop.experiments.runner`) and the report made from its results
+(:mod:`~latentloop.experiments.report`); their public names are importable from here.
+"""
+
+from latentloop.experiments.spec import (
+    DEFAULT_EXPERIMENT,
+    EXPERIMENTS_DIR,
+    KINDS,
+    OVERRIDE_SECTIONS,
+    EvalSpec,
+    Experiment,
+    ModelSpec,
+    available_experiments,
+    load_experiment,
+    positive_number,
+)
+
+# The runner and the reports (latentloop.experiments.runner, .report) load the training stack: importing
+# them is left to their users, so that reading an experiment's spec stays fast.
+__all__ = [
+    "DEFAULT_EXPERIMENT",
+    "EXPERIMENTS_DIR",
+    "KINDS",
+    "OVERRIDE_SECTIONS",
+    "EvalSpec",
+    "Experiment",
+    "ModelSpec",
+    "available_experiments",
+    "load_experiment",
+    "positive_number",
+]

@@ -1,0 +1,331 @@
+"""Reporting an experiment from its ``results.json``: the summary rows, the Markdown report, the curves and
+the example boards.
+
+Every number shown comes from the results, so a report can be rewritten later without running anything again.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from latentloop.eval.reasoners import plot_boards
+from latentloop.io import atomic_path
+from latentloop.tasks.base import get_task
+from latentloop.train.run_config import load_reasoner_run_config
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}"
+
+
+def summary_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """One flat row per model: the headline numbers of the table (for ``kind: lm``, the metric by depth)."""
+    if results.get("kind") == "generation":
+        rows = []
+        for name, row in results["models"].items():
+            report, scores = row["eval"], row["eval"].get("scores", {})
+            rows.append(
+                {
+                    "model": name,
+                    "parameters": row["train"]["parameters"],
+                    "train_minutes": row["train"]["train_minutes"],
+                    "batches": row["train"]["step"],
+                    "samples": report["samples"],
+                    "samples_per_s": report["samples_per_s"],
+                    "valid_fraction": report["valid_fraction"],
+                    "distinct": report["distinct"],
+                    "inception_score": scores.get("inception_score"),
+                    "frechet_distance": scores.get("frechet_distance"),
+                }
+            )
+        return rows
+    if results.get("kind") == "lm":
+        return [
+            {
+                "model": name,
+                "parameters": row["train"]["parameters"],
+                "train_minutes": row["train"]["train_minutes"],
+                "steps": row["train"]["step"],
+                "metric": row["eval"]["metric"],
+                "by_depth": {r["num_steps"]: r[row["eval"]["metric"]] for r in row["eval"]["results"]},
+            }
+            for name, row in results["models"].items()
+        ]
+    rows = []
+    for name, row in results["models"].items():
+        report, train = row["eval"], row["train"]
+        by_select = report.get("accuracy_by_select", {})
+        rows.append(
+            {
+                "model": name,
+                "parameters": train["parameters"],
+                "train_minutes": train["train_minutes"],
+                "batches": train["step"],
+                "examples_seen": train["examples_seen"],
+                "accuracy_vote": by_select.get("vote"),
+                "accuracy_value": by_select.get("value"),
+                "accuracy_1_sample": report["curve_samples"][0]["vote"],
+                "coverage": report.get("coverage"),
+                "conflicts_total": report.get("conflicts_total"),
+            }
+        )
+    return rows
+
+
+def _report_heading(results: dict[str, Any], details: str, command: str | None) -> list[str]:
+    """The lines every report starts with: title, description, where and how it was measured, the command."""
+    machine_ = results["machine"]
+    lines = [
+        f"## {results['experiment']}",
+        "",
+        results["description"],
+        "",
+        f"Measured on {results['date']} ({machine_['cpus']} CPUs, torch {machine_['torch']}, {machine_['device']}); "
+        f"training budget {results['budget_minutes_per_model']:g} min of wall-clock per model{details}.",
+    ]
+    return lines + (["", f"Command: `{command}`"] if command else [])
+
+
+def _lm_report_markdown(results: dict[str, Any], command: str | None) -> str:
+    rows = summary_rows(results)
+    depths = sorted({d for r in rows for d in r["by_depth"]})
+    lines = _report_heading(results, "", command)
+    metric = rows[0]["metric"].replace("_", " ")
+    lines += [
+        "",
+        f"Held-out {metric} against test-time depth (recurrent-core iterations):",
+        "",
+        "| model | parameters | trained (min / steps) | " + " | ".join(f"r={d}" for d in depths) + " |",
+        "|---|---|---|" + "---|" * len(depths),
+    ]
+    for r in rows:
+        cells = [
+            "-"
+            if r["by_depth"].get(d) is None
+            else (_pct(r["by_depth"][d]) if r["metric"] != "perplexity" else f"{r['by_depth'][d]:.2f}")
+            for d in depths
+        ]
+        lines.append(
+            f"| {r['model']} | {r['parameters']:,} | {r['train_minutes']:.1f} / {r['steps']} | "
+            + " | ".join(cells)
+            + " |"
+        )
+    for name, paper in results["paper"].items():
+        lines += ["", f"Paper ({name}): " + "; ".join(f"{k} {v}" for k, v in paper.items())]
+    if results.get("paper_note"):
+        lines += ["", results["paper_note"]]
+    return "\n".join(lines) + "\n"
+
+
+def _generation_report_markdown(results: dict[str, Any], command: str | None) -> str:
+    rows = summary_rows(results)
+    details = f"; {rows[0]['samples']} samples per model at its own default depth"
+    if results["eval"].get("temperature", 1.0) != 1.0:
+        details += f", sampling temperature {results['eval']['temperature']}"
+    lines = _report_heading(results, details, command)
+    scored = any(r["inception_score"] is not None for r in rows)
+    header = "| model | parameters | trained (min / batches) | samples/s | valid (%) | distinct |"
+    rule = "|---|---|---|---|---|---|"
+    if scored:
+        header, rule = header + " inception score | Fréchet distance |", rule + "---|---|"
+    lines += ["", header, rule]
+
+    def num(value: float | None) -> str:
+        return "-" if value is None else f"{value:.2f}"
+
+    for r in rows:
+        line = (
+            f"| {r['model']} | {r['parameters']:,} | {r['train_minutes']:.1f} / {r['batches']} | "
+            f"{r['samples_per_s']:.1f} | {_pct(r['valid_fraction'])} | {r['distinct']} |"
+        )
+        if scored:
+            line += f" {num(r['inception_score'])} | {num(r['frechet_distance'])} |"
+        lines.append(line)
+    reference = next(
+        (row["eval"]["reference"] for row in results["models"].values() if "reference" in row["eval"]), None
+    )
+    if reference is not None:
+        lines.append(
+            f"| real held-out digits ({reference['images']}) | - | - | - | - | - | "
+            f"{num(reference['inception_score'])} | {num(reference['frechet_distance'])} |"
+        )
+    pictures = [f"`{name}/samples.png`" for name, row in results["models"].items() if "image" in row["eval"]]
+    if pictures:
+        lines += ["", "Samples: " + ", ".join(pictures) + "."]
+    if results.get("paper_note"):
+        lines += ["", results["paper_note"]]
+    return "\n".join(lines) + "\n"
+
+
+def report_markdown(results: dict[str, Any], command: str | None = None) -> str:
+    """The experiment's table (ours beside the paper's) and its curves as Markdown."""
+    if results.get("kind") == "lm":
+        return _lm_report_markdown(results, command)
+    if results.get("kind") == "generation":
+        return _generation_report_markdown(results, command)
+    ev = results["eval"]
+    rows = summary_rows(results)
+    has_cov = any(r["coverage"] is not None for r in rows)
+    has_conf = any(r["conflicts_total"] is not None for r in rows)
+    first = next(iter(results["models"].values()))["eval"]
+    details = f"; {first['puzzles']} test puzzles, {ev['samples']} samples, {ev['steps']} steps"
+    if ev.get("temperature", 1.0) != 1.0:
+        details += f", sampling temperature {ev['temperature']}"
+    if first.get("metric"):  # ARC: accuracy is pass@2 over the augmented copies of each test input
+        details += f"; accuracy is {first['metric']} over {first['copies']} augmented copies"
+    lines = _report_heading(results, details, command)
+    header = "| model | parameters | trained (min / batches) | accuracy, 1 sample | accuracy, vote | accuracy, value |"
+    rule = "|---|---|---|---|---|---|"
+    if has_cov:
+        header, rule = header + " coverage |", rule + "---|"
+    if has_conf:
+        header, rule = header + " conflicts (total) |", rule + "---|"
+    if results["paper"]:
+        header, rule = header + " paper |", rule + "---|"
+    lines += ["", header, rule]
+    for r in rows:
+        line = (
+            f"| {r['model']} | {r['parameters']:,} | {r['train_minutes']:.1f} / {r['batches']} | "
+            f"{_pct(r['accuracy_1_sample'])} | {_pct(r['accuracy_vote'])} | {_pct(r['accuracy_value'])} |"
+        )
+        if has_cov:
+            line += f" {_pct(r['coverage'])} |"
+        if has_conf:
+            line += " - |" if r["conflicts_total"] is None else f" {r['conflicts_total']} |"
+        if results["paper"]:
+            paper = results["paper"].get(r["model"], {})
+            line += " " + (" / ".join(f"{k} {v:g}" for k, v in paper.items()) or "-") + " |"
+        lines.append(line)
+    fitted = {
+        name: row["eval"]["value_fit"]
+        for name, row in results["models"].items()
+        if "value_fit" in row["eval"]
+    }
+    for name, fit in fitted.items():
+        auc = "n/a" if fit.get("held_out_auc") is None else f"{fit['held_out_auc']:.3f}"
+        lines += [
+            "",
+            f"{name}'s value head was fitted to its own samples after training (`latentloop fit-value`, "
+            f"{fit['steps']} updates on {fit['rollouts']:,} rollouts, {fit['seconds']:.0f} s, not counted in "
+            f"the training budget); ROC AUC for a valid last-step answer on {fit['held_out_rollouts']} fresh rollouts: "
+            f"{auc}.",
+        ]
+    curves = {name: row["eval"] for name, row in results["models"].items()}
+    steps = sorted({p["steps"] for report in curves.values() for p in report["curve_steps"]})
+    shown_steps = [s for s in steps if s <= 4 or s in (8, 16, 32) or s == steps[-1]]
+    lines += [
+        "",
+        "Accuracy (vote) against depth: supervision steps (MDLM: unmasking steps; AR decodes in one pass):",
+        "",
+        "| model | " + " | ".join(str(s) for s in shown_steps) + " |",
+        "|---|" + "---|" * len(shown_steps),
+    ]
+    for name, report in curves.items():
+        by_step = {p["steps"]: p["accuracy"] for p in report["curve_steps"]}
+        lines.append(f"| {name} | " + " | ".join(_pct(by_step.get(s)) for s in shown_steps) + " |")
+    ks = [k for k in (1, 2, 5, 10, 20, 50, 100) if k <= ev["samples"]]
+    if ev["samples"] not in ks:
+        ks.append(ev["samples"])
+    lines += [
+        "",
+        "Against samples at the last step: vote / value" + (" / coverage" if has_cov else ""),
+        "",
+        "| model | " + " | ".join(str(k) for k in ks) + " |",
+        "|---|" + "---|" * len(ks),
+    ]
+    for name, report in curves.items():
+        by_k = {p["samples"]: p for p in report["curve_samples"]}
+        cells = []
+        for k in ks:
+            p = by_k[k]
+            parts = [_pct(p["vote"]), _pct(p["value"])] + ([_pct(p.get("coverage"))] if has_cov else [])
+            cells.append(" / ".join(parts))
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    if any(row["eval"].get("examples") for row in results["models"].values()):
+        lines += ["", "A few answers of each model, solved puzzles first, drawn in `boards.png`."]
+    if results.get("paper_note"):
+        lines += ["", results["paper_note"]]
+    return "\n".join(lines) + "\n"
+
+
+def plot_results(results: dict[str, Any], path: Path) -> None:
+    """Accuracy against steps, accuracy against samples and coverage against samples, every model."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = results["models"]
+    if results.get("kind") == "generation":  # the models' sample grids side by side
+        grids = [(name, row["eval"].get("image")) for name, row in models.items()]
+        grids = [(name, image) for name, image in grids if image and Path(image).is_file()]
+        if not grids:
+            return
+        fig, axes = plt.subplots(1, len(grids), figsize=(4.2 * len(grids), 4.4), squeeze=False)
+        for ax, (name, image) in zip(axes[0], grids, strict=True):
+            ax.imshow(plt.imread(image))
+            ax.set_title(name)
+            ax.axis("off")
+        fig.tight_layout()
+        with atomic_path(path) as temp:
+            fig.savefig(temp, format="png", dpi=110)
+        plt.close(fig)
+        return
+    if results.get("kind") == "lm":
+        fig, ax = plt.subplots(figsize=(4.8, 3.6))
+        for row in summary_rows(results):
+            depths = sorted(row["by_depth"])
+            ax.plot(depths, [row["by_depth"][d] for d in depths], "o-", label=row["model"], markersize=3)
+        ax.set(
+            xscale="log", xlabel="test-time depth (core iterations)", ylabel=row["metric"].replace("_", " ")
+        )
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.suptitle(results["experiment"])
+        fig.tight_layout()
+        with atomic_path(path) as temp:
+            fig.savefig(temp, format="png", dpi=110)
+        plt.close(fig)
+        return
+    has_cov = any("coverage" in row["eval"] for row in models.values())
+    panels = 3 if has_cov else 2
+    fig, axes = plt.subplots(1, panels, figsize=(4.2 * panels, 3.6))
+    for name, row in models.items():
+        report = row["eval"]
+        axes[0].plot(
+            [p["steps"] for p in report["curve_steps"]], [p["accuracy"] for p in report["curve_steps"]], "o-",
+            label=name, markersize=3,
+        )  # fmt: skip
+        ks = [p["samples"] for p in report["curve_samples"]]
+        axes[1].plot(ks, [p["value"] for p in report["curve_samples"]], "o-", label=name, markersize=3)
+        if has_cov and "coverage" in report:
+            axes[2].plot(ks, [p["coverage"] for p in report["curve_samples"]], "o-", label=name, markersize=3)
+    axes[0].set(xlabel="supervision steps", ylabel="accuracy (vote)", title="depth")
+    axes[1].set(xlabel="samples", ylabel="accuracy (value head)", title="width")
+    if has_cov:
+        axes[2].set(xlabel="samples", ylabel="coverage", title="distinct solutions found")
+    for ax in axes:
+        ax.set_ylim(-0.02, 1.02)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(results["experiment"])
+    fig.tight_layout()
+    with atomic_path(path) as temp:
+        fig.savefig(temp, format="png", dpi=110)
+    plt.close(fig)
+
+
+def plot_example_boards(results: dict[str, Any], out: Path) -> None:
+    """``boards.png``: a few answers of every model (solved ones first), where the task can draw them."""
+    examples = {
+        name: row["eval"]["examples"]
+        for name, row in results["models"].items()
+        if row["eval"].get("examples")
+    }
+    if not examples:
+        return
+    config = load_reasoner_run_config(out / next(iter(examples)) / "config.yaml")
+    task = get_task(config.task.name, **config.task.options)
+    if task.drawable:
+        plot_boards(examples, task, out / "boards.png")

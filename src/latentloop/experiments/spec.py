@@ -1,0 +1,162 @@
+"""Experiment files: the spec dataclasses, the shipped experiments, and loading one with its overrides.
+
+See :mod:`latentloop.experiments` for the file format.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from latentloop.config import apply_overrides, load_yaml
+from latentloop.errors import UsageError
+
+# src/latentloop/experiments/spec.py -> the repository root, three folders up.
+EXPERIMENTS_DIR = Path(__file__).resolve().parents[3] / "configs" / "experiments"
+DEFAULT_EXPERIMENT = "default"
+KINDS = ("reasoners", "lm", "generation")
+
+
+@dataclass
+class ModelSpec:
+    """One row of an experiment: a run config and overrides applied on top of it."""
+
+    name: str
+    config: Path
+    overrides: list[str] = field(default_factory=list)
+
+
+@dataclass
+class EvalSpec:
+    """How every model of an experiment is evaluated."""
+
+    samples: int = 20
+    steps: int = 16
+    limit: int | None = None
+    select: str = "vote"
+    seed: int = 0  # of the models' sampling noise: a rerun evaluates alike
+    temperature: float = 1.0  # AR and MDLM: of their token draws; GRAM: scale of its prior noise
+    # GRAM: updates of a value head fitted to its own samples before evaluating (latentloop fit-value); 0: off
+    fit_value: int = 0
+    depths: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32])  # kind: lm only
+
+
+@dataclass
+class Experiment:
+    """A parsed experiment file."""
+
+    name: str
+    path: Path
+    description: str
+    budget_minutes: float
+    models: list[ModelSpec]
+    eval: EvalSpec
+    paper: dict[str, dict[str, float]]
+    paper_note: str = ""
+    expected_minutes: float | None = None
+    kind: str = "reasoners"  # "lm": recurrent-depth LMs against depth; "generation": unconditional samples
+    overrides: list[str] = field(default_factory=list)  # given for this run (see load_experiment)
+
+
+def available_experiments(folder: Path = EXPERIMENTS_DIR) -> list[str]:
+    """Names of the shipped experiments."""
+    return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
+
+
+def positive_number(value: Any, name: str) -> float:
+    """``value`` as a float; a one-line error naming ``name`` unless it is a finite positive number."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise UsageError(f"{name} must be a positive number, got {value!r}") from None
+    if not math.isfinite(number) or number <= 0:
+        raise UsageError(f"{name} must be a positive number, got {value!r}")
+    return number
+
+
+OVERRIDE_SECTIONS = ("model", "train", "task", "eval")
+
+
+def _split_overrides(overrides: Sequence[str]) -> tuple[list[str], list[str]]:
+    """``key=value`` overrides of an experiment, split into those of every model's run config (``model.``,
+    ``train.``, ``task.``) and those of the evaluation (``eval.``, prefix removed)."""
+    run, evaluation = [], []
+    for item in overrides:
+        key = item.split("=", 1)[0].strip()
+        if "=" not in item or key.split(".", 1)[0] not in OVERRIDE_SECTIONS or "." not in key:
+            raise UsageError(
+                f"override {item!r} is not KEY=VALUE with KEY in {', '.join(s + '.' for s in OVERRIDE_SECTIONS)}"
+            )
+        if key.startswith("eval."):
+            evaluation.append(item.split(".", 1)[1])
+        else:
+            run.append(item)
+    return run, evaluation
+
+
+def load_experiment(name_or_path: str, overrides: Sequence[str] = ()) -> Experiment:
+    """An experiment by shipped name (``nqueens8``) or YAML path, validated with one-line errors.
+
+    ``overrides`` (``key=value``) change it for this run: ``eval.*`` keys the evaluation (``eval.samples=5``),
+    ``model.*``, ``train.*`` and ``task.*`` keys every model's run config (``train.seed=1``,
+    ``train.compile=true``), after the experiment's own per-model overrides.
+    """
+    run_overrides, eval_overrides = _split_overrides(overrides)
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = EXPERIMENTS_DIR / f"{name_or_path}.yaml"
+        if not path.is_file():
+            known = ", ".join(available_experiments()) or "none"
+            raise UsageError(f"unknown experiment {name_or_path!r} (known: {known})")
+    data = load_yaml(path)
+    models = data.get("models")
+    if not isinstance(models, dict) or not models:
+        raise UsageError(f"{path}: 'models' must map model names to {{config: FILE}}")
+    specs = []
+    for model, entry in models.items():
+        if not isinstance(entry, dict) or "config" not in entry:
+            raise UsageError(f"{path}: models.{model} needs a 'config' file")
+        config = (path.parent / str(entry["config"])).resolve()
+        if not config.is_file():
+            raise UsageError(f"{path}: models.{model}.config {config} does not exist")
+        own = [str(o) for o in entry.get("overrides") or []]
+        specs.append(ModelSpec(str(model), config, [*own, *run_overrides]))
+    raw_eval = data.get("eval") or {}
+    known = {"samples", "steps", "limit", "select", "seed", "temperature", "depths", "fit_value"}
+    unknown = set(raw_eval) - known
+    if unknown:
+        raise UsageError(f"{path}: unknown eval keys {', '.join(sorted(unknown))}")
+    try:
+        evaluation = apply_overrides(EvalSpec(**raw_eval), eval_overrides)
+    except UsageError as error:
+        raise UsageError(f"eval override: {error}") from None
+    for key in ("samples", "steps"):
+        if int(getattr(evaluation, key)) < 1:
+            raise UsageError(f"{path}: eval.{key} must be at least 1")
+    if not float(evaluation.temperature) >= 0:
+        raise UsageError(f"{path}: eval.temperature must be at least 0")
+    if int(evaluation.fit_value) < 0:
+        raise UsageError(f"{path}: eval.fit_value must be at least 0")
+    depths = evaluation.depths
+    if not isinstance(depths, list) or not depths or not all(isinstance(d, int) and d >= 1 for d in depths):
+        raise UsageError(f"{path}: eval.depths must be a list of positive integers")
+    kind = str(data.get("kind", "reasoners"))
+    if kind not in KINDS:
+        raise UsageError(f"{path}: kind must be one of {', '.join(KINDS)}, not {kind!r}")
+    expected = data.get("expected_minutes")
+    return Experiment(
+        name=path.stem,
+        path=path,
+        description=str(data.get("description", "")).strip(),
+        budget_minutes=positive_number(data.get("budget_minutes", 10), f"{path}: budget_minutes"),
+        models=specs,
+        eval=evaluation,
+        paper={str(k): dict(v) for k, v in (data.get("paper") or {}).items()},
+        paper_note=str(data.get("paper_note", "")).strip(),
+        expected_minutes=float(expected) if expected is not None else None,
+        kind=kind,
+        overrides=list(overrides),
+    )

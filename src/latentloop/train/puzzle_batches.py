@@ -1,0 +1,68 @@
+"""The puzzle reasoners' training data: the task's train/test arrays (built once into ``OUT/data``) and the
+batch of each step, a pure function of ``(seed, step)``, augmented on the fly where the task allows it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from latentloop.data.dataset import build_dataset, load_dataset
+from latentloop.errors import UsageError
+from latentloop.models.reasoners import ReasonerConfig
+from latentloop.tasks.base import Task, get_task
+from latentloop.train.run_config import ReasonerRunConfig
+
+
+def task_data(config: ReasonerRunConfig, out: Path) -> tuple[Task, dict[str, dict[str, np.ndarray]]]:
+    """The task and its train/test arrays: ``train.data`` if given, else built once into ``OUT/data``."""
+    tc = config.train
+    task = get_task(config.task.name, **config.task.options)
+    folder = Path(tc.data) if tc.data else out / "data"
+    if not tc.data and not (folder / "metadata.json").is_file():
+        build_dataset(task, folder, size=tc.train_size, test_size=tc.test_size, seed=tc.seed, progress=False)
+    dataset = load_dataset(folder)
+    meta = dataset.metadata
+    if meta.get("task") != task.name or int(meta.get("seq_len", -1)) != task.seq_len:
+        raise UsageError(
+            f"dataset {folder} holds {meta.get('task')!r} with seq_len {meta.get('seq_len')}, "
+            f"the config asks for {task.name!r} with seq_len {task.seq_len}"
+        )
+    return task, {s: {k: np.asarray(v) for k, v in dataset.split(s).items()} for s in ("train", "test")}
+
+
+def train_batch(
+    task: Task, split: dict[str, np.ndarray], step: int, batch_size: int, seed: int, augment: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(inputs, labels, puzzle_ids)`` of batch ``step``: rows drawn with replacement by a generator seeded
+    with ``(seed, step)``, then the task's validity-preserving transform of each row (:meth:`Task.augment`:
+    N-Queens the 8 symmetries of the board, Sudoku digit, band and stack shuffles; none for graph colouring,
+    whose labels are canonical colourings, nor for ARC, whose augmented copies are rows of the dataset)."""
+    return draw_examples(task, split, np.random.default_rng([seed, step]), batch_size, augment)
+
+
+def draw_examples(
+    task: Task, split: dict[str, np.ndarray], rng: np.random.Generator, count: int, augment: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``count`` rows of ``split`` drawn with replacement by ``rng``, augmented (see :func:`train_batch`)."""
+    rows = rng.integers(0, len(split["inputs"]), count)
+    x, y = split["inputs"][rows].copy(), split["labels"][rows].copy()
+    if augment:
+        task.augment(x, y, rng)
+    puzzle_ids = np.asarray(split["puzzle_ids"])[rows].astype(np.int64)
+    return (
+        torch.from_numpy(x.astype(np.int64)),
+        torch.from_numpy(y.astype(np.int64)),
+        torch.from_numpy(puzzle_ids),
+    )
+
+
+def fit_puzzle_embeddings(config: ReasonerConfig, task: Task, data: dict[str, dict[str, np.ndarray]]) -> None:
+    """Give ``config`` one puzzle embedding per puzzle id of the dataset when the task needs them (ARC)."""
+    if not task.puzzle_embeddings:
+        return
+    needed = 1 + max(int(np.max(split["puzzle_ids"], initial=-1)) for split in data.values())
+    if config.puzzles and config.puzzles < needed:
+        raise UsageError(f"model.puzzles={config.puzzles} is too few: the dataset has {needed} puzzle ids")
+    config.puzzles = config.puzzles or needed
