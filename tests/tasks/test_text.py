@@ -18,7 +18,7 @@ def test_embedded_corpus_needs_no_download():
     assert len(task.stream) == len(text.encode("utf-8")) + 1  # bytes + one <eos>
 
 
-def test_heldout_is_the_last_five_percent_and_training_never_reads_it():
+def test_heldout_is_the_last_five_percent_and_training_never_reads_it(tmp_path):
     task = TextTask(seq_len=64)
     n = len(task.stream)
     assert abs((n - task.split_at) / n - 0.05) < 0.001
@@ -26,11 +26,23 @@ def test_heldout_is_the_last_five_percent_and_training_never_reads_it():
         inputs, labels = task.train_batch(step, 32)
         assert inputs.shape == labels.shape == (32, 64)
         assert torch.equal(inputs[:, 1:], labels[:, :-1])  # labels are the next tokens
-    # The largest possible training window ends before the held-out part.
-    assert task.split_at - task.seq_len - 1 + task.seq_len < task.split_at
     held = [x for x, _, _ in task.heldout_batches(16)]
     first = held[0][0]
     assert torch.equal(first, torch.from_numpy(task.stream[task.split_at : task.split_at + 64]))
+
+    # A corpus whose held-out tail is a sentinel that the training text never contains ('#' bytes, then the
+    # final <eos>), starting exactly at the split: 180 letters + 19 '#' + <eos> = 200 tokens, 10% held out.
+    # Few window starts, many draws: a window running even one token into the tail would be drawn.
+    (tmp_path / "corpus.txt").write_text(("lorem ipsum dolor sit amet " * 7)[:180] + "#" * 19)
+    small = TextTask(paths=str(tmp_path / "corpus.txt"), seq_len=16, heldout_fraction=0.1)
+    sentinel = torch.tensor([*small.encode("#"), small.tokenizer.eos_id])
+    assert small.split_at == 180 and set(small.stream[180:].tolist()) == set(sentinel.tolist())
+    assert not torch.isin(torch.from_numpy(small.stream[:180]), sentinel).any()
+    for step in range(100):
+        inputs, labels = small.train_batch(step, 64)
+        assert not torch.isin(inputs, sentinel).any() and not torch.isin(labels, sentinel).any(), step
+    held_inputs = torch.cat([x for x, _, _ in small.heldout_batches(4)])
+    assert torch.isin(held_inputs, sentinel).all()  # the held-out windows read the tail only
 
 
 def test_local_files_and_folders(tmp_path):
