@@ -186,7 +186,13 @@ class SudokuTask(Task):
         return self.violations(puzzle, answer) == 0
 
     def violations(self, puzzle: np.ndarray, answer: np.ndarray) -> int:
-        """Missing digits over all rows, columns and boxes plus changed givens."""
+        """Missing digits over all rows, columns and boxes plus changed givens; a grid of another size is
+        refused with a :class:`UsageError`."""
+        for role, grid in (("puzzle", puzzle), ("answer", answer)):
+            if np.asarray(grid).size != self.seq_len:
+                raise UsageError(
+                    f"a {self.n}x{self.n} Sudoku {role} has {self.seq_len} cells, got {np.asarray(grid).size}"
+                )
         return count_violations(puzzle, answer, self.box)
 
     def solutions(self, puzzle: np.ndarray, limit: int | None = None) -> list[np.ndarray]:
