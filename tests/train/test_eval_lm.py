@@ -11,7 +11,8 @@ import torch
 from torch import nn
 
 from latentloop.errors import UsageError
-from latentloop.eval.lm import evaluate_lm, heldout_metric
+from latentloop.eval.lm import evaluate_lm
+from latentloop.eval.metrics import heldout_metric
 from latentloop.tasks.arithmetic import ArithmeticTask
 from latentloop.tasks.text import TextTask
 from latentloop.train.checkpoint import latest_checkpoint

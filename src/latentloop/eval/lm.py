@@ -14,7 +14,6 @@ seeded with 0 at the start, decides the draw).
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from typing import Any
 import torch
 
 from latentloop.errors import UsageError
+from latentloop.eval.metrics import heldout_metric
 from latentloop.io import atomic_path, atomic_write_text
 from latentloop.models.recurrent_depth import RecurrentDepthLM
 from latentloop.tasks.base import Task, get_task, parse_task_spec
@@ -29,53 +29,6 @@ from latentloop.train.checkpoint import read_trainer_state, resolve_checkpoint, 
 from latentloop.train.run_config import load_run_config
 
 DEFAULT_DEPTHS = (1, 2, 4, 8, 16, 32)
-
-
-@torch.no_grad()
-def heldout_metric(
-    model: RecurrentDepthLM,
-    task: Any,
-    num_steps: int,
-    batch_size: int = 256,
-    limit: int | None = None,
-    init_scale: float = 0.0,
-) -> dict[str, Any]:
-    """The task's held-out metric at depth ``num_steps``: ``{"exact_match", "n"}`` or
-    ``{"perplexity", "loss", "tokens"}``. ``limit`` caps the number of problems (or windows)."""
-    device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
-    try:
-        if task.metric == "exact_match":
-            correct = total = 0
-            for inputs, labels, problems in task.heldout_batches(batch_size, limit):
-                logits = model(inputs.to(device), num_steps=num_steps, init_scale=init_scale).logits
-                predicted = logits.argmax(-1).cpu()
-                answer = labels != -100
-                tokens_ok = ((predicted == labels) | ~answer).all(-1)
-                for row, ok in enumerate(tokens_ok.tolist()):
-                    # The verifier has the last word (token equality of the canonical form implies it here).
-                    if ok and task.verify(problems[row], task.decode(predicted[row][answer[row]].tolist())):
-                        correct += 1
-                total += len(problems)
-            if total == 0:
-                raise UsageError("the task's held-out split is empty")
-            return {"exact_match": correct / total, "n": total}
-        nll, count = 0.0, 0
-        for inputs, labels, _ in task.heldout_batches(batch_size, limit):
-            logits = model(inputs.to(device), num_steps=num_steps, init_scale=init_scale).logits
-            labels = labels.to(device)
-            nll += float(
-                torch.nn.functional.cross_entropy(
-                    logits.flatten(0, 1), labels.flatten(), ignore_index=-100, reduction="sum"
-                )
-            )
-            count += int((labels != -100).sum())
-        if count == 0:
-            raise UsageError("the task's held-out split is empty")
-        return {"perplexity": math.exp(min(nll / count, 700.0)), "loss": nll / count, "tokens": count}
-    finally:
-        model.train(was_training)
 
 
 def _task_for(checkpoint: Path, task_spec: str | None) -> tuple[Task, dict[str, Any]]:

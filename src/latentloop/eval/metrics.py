@@ -1,4 +1,5 @@
-"""Judging a reasoner's answers: validity by the task's verifier, answer identity, coverage, conflicts.
+"""Judging answers: a reasoner's by the task's verifier (validity, answer identity, coverage, conflicts), an LM's by
+its held-out metric.
 
 These are pure functions of tasks, token arrays and models, shared by training (its held-out check) and
 evaluation (:mod:`latentloop.eval.reasoners`), so this module imports neither of those.
@@ -12,14 +13,17 @@ puzzle.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable
 from typing import Any
 
 import numpy as np
 import torch
 
+from latentloop.errors import UsageError
 from latentloop.infer.scaling import select_sample, solve
 from latentloop.models.reasoners.base import Reasoner
+from latentloop.models.recurrent_depth import RecurrentDepthLM
 from latentloop.tasks.base import Task
 
 EXAMPLES = 4  # answers kept in a report (and drawn): solved puzzles first
@@ -177,3 +181,50 @@ def quick_accuracy(model: Reasoner, task: Task, split: dict[str, np.ndarray], li
     result = solve(model, torch.from_numpy(inputs).to(device), samples=1)
     accuracy = float(np.mean(answers_valid(task, inputs, result.chosen.cpu().numpy())))
     return {"num_steps": result.predictions.shape[0], "accuracy": accuracy, "exact_match": accuracy}
+
+
+@torch.no_grad()
+def heldout_metric(
+    model: RecurrentDepthLM,
+    task: Task,
+    num_steps: int,
+    batch_size: int = 256,
+    limit: int | None = None,
+    init_scale: float = 0.0,
+) -> dict[str, Any]:
+    """The task's held-out metric at depth ``num_steps``: ``{"exact_match", "n"}`` or
+    ``{"perplexity", "loss", "tokens"}``. ``limit`` caps the number of problems (or windows)."""
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    try:
+        if task.metric == "exact_match":
+            correct = total = 0
+            for inputs, labels, problems in task.heldout_batches(batch_size, limit):
+                logits = model(inputs.to(device), num_steps=num_steps, init_scale=init_scale).logits
+                predicted = logits.argmax(-1).cpu()
+                answer = labels != -100
+                tokens_ok = ((predicted == labels) | ~answer).all(-1)
+                for row, ok in enumerate(tokens_ok.tolist()):
+                    # The verifier has the last word (token equality of the canonical form implies it here).
+                    if ok and task.verify(problems[row], task.decode(predicted[row][answer[row]].tolist())):
+                        correct += 1
+                total += len(problems)
+            if total == 0:
+                raise UsageError("the task's held-out split is empty")
+            return {"exact_match": correct / total, "n": total}
+        nll, count = 0.0, 0
+        for inputs, labels, _ in task.heldout_batches(batch_size, limit):
+            logits = model(inputs.to(device), num_steps=num_steps, init_scale=init_scale).logits
+            labels = labels.to(device)
+            nll += float(
+                torch.nn.functional.cross_entropy(
+                    logits.flatten(0, 1), labels.flatten(), ignore_index=-100, reduction="sum"
+                )
+            )
+            count += int((labels != -100).sum())
+        if count == 0:
+            raise UsageError("the task's held-out split is empty")
+        return {"perplexity": math.exp(min(nll / count, 700.0)), "loss": nll / count, "tokens": count}
+    finally:
+        model.train(was_training)

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from latentloop.errors import UsageError
-from latentloop.eval.lm import heldout_metric
+from latentloop.eval.metrics import heldout_metric
 from latentloop.models.recurrent_depth import RecurrentDepthConfig, RecurrentDepthLM
 from latentloop.tasks.base import Task
 from latentloop.train import distributed as dist
