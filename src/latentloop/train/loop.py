@@ -76,8 +76,8 @@ def train(
     """Train (or resume) the run in ``out_dir`` until ``train.steps`` steps or ``train.budget_minutes``.
 
     ``config`` is a run config of any model family (see :mod:`latentloop.train.run_config`); ``OBJECTIVES``
-    names the objective that trains it. The run resumes from the newest complete
-    checkpoint of ``out_dir`` when there is one. ``progress`` shows a progress bar (a string names the phase on
+    names the objective that trains it. The run resumes from the newest complete checkpoint of ``out_dir``
+    when there is one. ``progress`` shows a progress bar (a string names the phase on
     it); ``log`` receives one text line per logged step. ``stop_at`` ends this call after that many steps (as
     an interruption would), with a checkpoint, without changing the schedule. Raises :class:`TrainingError`
     when the loss stops being finite.

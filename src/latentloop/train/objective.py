@@ -73,6 +73,7 @@ class Objective(ABC):
     seen: str = "examples_seen"  # the counter of what the run has consumed (in checkpoints and results)
     unit: str = "ex/s"  # the progress bar's throughput unit
     updates_per_step: int = 1
+    model: torch.nn.Module  # the module being trained: set by build (and prepare, where it wraps or shards)
 
     def __init__(self, config: Any, task: Task, out: Path, ctx: dist.DistContext, device: str) -> None:
         self.config, self.task, self.out, self.ctx, self.device = config, task, out, ctx, device
