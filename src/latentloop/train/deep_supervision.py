@@ -72,10 +72,10 @@ class DeepSupervision(Objective):
     def setup(self) -> None:
         config, ctx = self.config, self.ctx
         if ctx.is_main:  # rank 0 builds OUT/data (once) before the other ranks read it
-            self.task, self.data = task_data(config, self.out)
+            self.data = task_data(config, self.task, self.out)
         dist.barrier(ctx)
         if not ctx.is_main:
-            self.task, self.data = task_data(config, self.out)
+            self.data = task_data(config, self.task, self.out)
         fit_puzzle_embeddings(config.model, self.task, self.data)
         if config.model.puzzles and REASONERS[config.arch].generative:
             raise UsageError(
@@ -148,13 +148,12 @@ class DeepSupervision(Objective):
                 self.window[key] = self.window.get(key, 0.0) + v
             self.window["n"] = self.window.get("n", 0.0) + 1
             self.parts = tuple(parts)
-        self.lr = updates.lr
         (loaded,) = dist.all_reduce_sum([samples.take_loaded()], ctx)
         return losses, int(loaded)
 
-    def train_record(self, seen: int, rate: float) -> tuple[dict[str, Any], str]:
+    def train_record(self, seen: int, rate: float, lr: float) -> tuple[dict[str, Any], str]:
         window, n_total = self.window, self.window.pop("n")
-        record: dict[str, Any] = {"lr": self.lr}
+        record: dict[str, Any] = {"lr": lr}
         record.update({k: window[k] / n_total for k in ("loss", "grad_norm", *self.parts)})
         done, done_exact, done_steps = dist.all_reduce_sum(
             [window.get(k, 0.0) for k in ("finished", "finished_exact", "finished_steps")], self.ctx

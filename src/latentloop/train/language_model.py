@@ -120,14 +120,13 @@ class LanguageModelObjective(Objective):
             ("n", 1),
         ):
             self.window[key] += value
-        self.lr = updates.lr
         return [loss_value], batch_inputs.numel()
 
-    def train_record(self, seen: int, rate: float) -> tuple[dict[str, Any], str]:
+    def train_record(self, seen: int, rate: float, lr: float) -> tuple[dict[str, Any], str]:
         window, n = self.window, self.window["n"]
         record = {
             "loss": window["loss"] / n,
-            "lr": self.lr,
+            "lr": lr,
             "depth": window["depth"] / n,
             "grad_norm": window["grad"] / n,
             "tokens_seen": seen,
@@ -135,7 +134,7 @@ class LanguageModelObjective(Objective):
         }
         self.window = dict.fromkeys(window, 0.0)
         line = (
-            f"loss {record['loss']:.4f}  lr {self.lr:.2e}  depth {record['depth']:.1f}"
+            f"loss {record['loss']:.4f}  lr {lr:.2e}  depth {record['depth']:.1f}"
             f"  {record['tokens_per_s']:.0f} tok/s"
         )
         return record, line

@@ -187,7 +187,7 @@ def train(
                 rate = window_seen / max(window_time, 1e-9)
                 bar.update(step, step_losses[-1], rate, last_eval.get("accuracy") if last_eval else None)
                 if step % tc.log_every == 0 or step == end_step:
-                    record, line = objective.train_record(seen, rate)
+                    record, line = objective.train_record(seen, rate, updates.lr)
                     record = {"kind": "train", "step": step, **record}
                     record["elapsed_s"] = round(time.perf_counter() - started, 3)
                     metrics.write(record)

@@ -109,9 +109,9 @@ class Objective(ABC):
         rank. A non-finite loss raises :class:`TrainingError` (see :meth:`Updates.check_loss`)."""
 
     @abstractmethod
-    def train_record(self, seen: int, rate: float) -> tuple[dict[str, Any], str]:
+    def train_record(self, seen: int, rate: float, lr: float) -> tuple[dict[str, Any], str]:
         """The averages since the last log (which then start afresh) and the log line; ``seen`` is the run's
-        total, ``rate`` the throughput since the last log."""
+        total, ``rate`` the throughput since the last log, ``lr`` the learning rate of the last update."""
 
     @abstractmethod
     def evaluate(self, step: int) -> tuple[dict[str, Any], str]:

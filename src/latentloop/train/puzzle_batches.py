@@ -11,14 +11,13 @@ import torch
 from latentloop.data.dataset import build_dataset, load_dataset
 from latentloop.errors import UsageError
 from latentloop.models.reasoners import ReasonerConfig
-from latentloop.tasks.base import Task, get_task
+from latentloop.tasks.base import Task
 from latentloop.train.run_config import ReasonerRunConfig
 
 
-def task_data(config: ReasonerRunConfig, out: Path) -> tuple[Task, dict[str, dict[str, np.ndarray]]]:
-    """The task and its train/test arrays: ``train.data`` if given, else built once into ``OUT/data``."""
+def task_data(config: ReasonerRunConfig, task: Task, out: Path) -> dict[str, dict[str, np.ndarray]]:
+    """The train/test arrays of ``task``: ``train.data`` if given, else built once into ``OUT/data``."""
     tc = config.train
-    task = get_task(config.task.name, **config.task.options)
     folder = Path(tc.data) if tc.data else out / "data"
     if not tc.data and not (folder / "metadata.json").is_file():
         build_dataset(task, folder, size=tc.train_size, test_size=tc.test_size, seed=tc.seed, progress=False)
@@ -29,7 +28,7 @@ def task_data(config: ReasonerRunConfig, out: Path) -> tuple[Task, dict[str, dic
             f"dataset {folder} holds {meta.get('task')!r} with seq_len {meta.get('seq_len')}, "
             f"the config asks for {task.name!r} with seq_len {task.seq_len}"
         )
-    return task, {s: {k: np.asarray(v) for k, v in dataset.split(s).items()} for s in ("train", "test")}
+    return {s: {k: np.asarray(v) for k, v in dataset.split(s).items()} for s in ("train", "test")}
 
 
 def train_batch(
