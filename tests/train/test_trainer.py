@@ -79,7 +79,7 @@ def test_a_signal_checkpoints_between_steps_and_resumes_exactly(signum, tiny_con
     calls = {"n": 0}
 
     def interrupting(self, *args, **kwargs):
-        if torch.is_grad_enabled():
+        if torch.is_grad_enabled() and self.training:  # not the eval-mode twin that counts FLOPs
             calls["n"] += 1
             if calls["n"] == 3:  # Ctrl-C (or a preemption's SIGTERM) arrives in the middle of step 3
                 os.kill(os.getpid(), signum)
@@ -105,7 +105,7 @@ def test_each_step_uses_the_sampled_depth(tiny_config, tmp_path, monkeypatch):
     original = RecurrentDepthLM.forward
 
     def spy(self, input_ids, num_steps=None, **kwargs):
-        if torch.is_grad_enabled():
+        if torch.is_grad_enabled() and self.training:
             seen.append(num_steps)
         return original(self, input_ids, num_steps=num_steps, **kwargs)
 
@@ -133,7 +133,7 @@ def test_nan_loss_stops_with_the_step_named(tiny_config, tmp_path, monkeypatch):
 
     def poisoned(self, *args, **kwargs):
         out = original(self, *args, **kwargs)
-        if torch.is_grad_enabled():
+        if torch.is_grad_enabled() and self.training:  # not the eval-mode twin that counts FLOPs
             calls["n"] += 1
             if calls["n"] == 4:
                 out.loss = out.loss * float("nan")

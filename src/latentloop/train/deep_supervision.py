@@ -39,8 +39,10 @@ from latentloop.errors import UsageError
 from latentloop.eval.metrics import answer_exact, quick_accuracy, unique_rows
 from latentloop.models.reasoners import REASONERS, Reasoner, build_reasoner, num_parameters
 from latentloop.models.reasoners.heads import continue_target
+from latentloop.nn.flops import FlopCounter
 from latentloop.tasks.base import Task
 from latentloop.train import distributed as dist
+from latentloop.train.curriculum import Depth, depth_at, recursion, step_weights
 from latentloop.train.objective import Objective, Updates
 from latentloop.train.precision import compile_for_training
 from latentloop.train.puzzle_batches import draw_examples, fit_puzzle_embeddings, task_data, train_batch
@@ -65,9 +67,13 @@ class DeepSupervision(Objective):
     ) -> None:
         super().__init__(config, task, out, ctx, device)
         config.model = fit_to_task(config.model, task)
+        # Under a curriculum a step may run fewer updates; the learning rate and the EMA follow the update
+        # index of the full depth, so both stay pure functions of (step, update).
         self.updates_per_step = config.model.n_sup
+        self.final_depth = Depth(config.model.n_sup, config.model.cycles, config.model.inner)
         self.window: dict[str, float] = {}
         self.parts: tuple[str, ...] = ()
+        self._update_flops: dict[Depth, int] = {}
 
     def setup(self) -> None:
         config, ctx = self.config, self.ctx
@@ -117,18 +123,23 @@ class DeepSupervision(Objective):
 
     def train_step(self, step: int, updates: Updates) -> tuple[list[float], int]:
         tc, ctx, model, samples = self.tc, self.ctx, self.model, self.samples
-        n_sup = self.updates_per_step
+        depth = depth_at(step, tc.steps, tc.curriculum, self.final_depth)
+        samples.n_sup = depth.n_sup
+        update_flops = self.update_flops(depth)
         torch.manual_seed(model_noise_seed(tc.seed, step, ctx.rank))
         losses = []
-        for n in range(n_sup):
+        for n in range(depth.n_sup):
             batch, labels, carry, last = samples.next(step, n)
             updates.begin(step, n)
-            with self.autocast():
+            weights = None
+            if tc.step_weight_decay != 1:
+                weights = step_weights(tc.step_weight_decay, depth.n_sup, samples.step_index(n))
+            with self.autocast(), recursion(model, depth):
                 carry, output = model(carry, batch, target=labels)
                 target_q = None
                 if self.config.model.halting == "q-learning":
                     target_q = next_step_continue_target(model, carry, batch, labels, last)
-                loss, parts = supervision_loss(output, labels, self.config.model.beta, tc, target_q)
+                loss, parts = supervision_loss(output, labels, self.config.model.beta, tc, target_q, weights)
             value = float(loss.detach())
             if ctx.enabled:  # equal shards: the mean over ranks is the loss of the whole batch
                 value, *averaged = dist.all_reduce_mean([value, *parts.values()], ctx)
@@ -137,8 +148,9 @@ class DeepSupervision(Objective):
             # The carry holds outputs that this step's loss does not use, so DDP's hooks would wait forever;
             # gradients are averaged over ranks explicitly instead.
             grad_norm = updates.apply(loss, ctx, average=True)
+            self.flops += update_flops
             with torch.no_grad():
-                decay = ema_decay(tc.ema, step * n_sup + n)
+                decay = ema_decay(tc.ema, step * self.updates_per_step + n)
                 torch._foreach_lerp_(self.ema_params, self.params, 1.0 - decay)
             carry = {k: v.detach() for k, v in carry.items()}
             # The samples that finished: their answer is what inference would return.
@@ -150,6 +162,26 @@ class DeepSupervision(Objective):
             self.parts = tuple(parts)
         (loaded,) = dist.all_reduce_sum([samples.take_loaded()], ctx)
         return losses, int(loaded)
+
+    def update_flops(self, depth: Depth) -> int:
+        """Training FLOPs of one supervision step of the whole batch at ``depth``: forward and backward, the
+        look-ahead forward of Q-learning halting included (see :mod:`latentloop.nn.flops`). Counted once per
+        depth on one training example run through the EMA model (eager, the same shapes), with the RNG
+        states kept, so the count changes nothing of the training."""
+        if depth not in self._update_flops:
+            rng = np.random.default_rng(0)
+            inputs, labels, puzzle_ids = draw_examples(self.task, self.data["train"], rng, 1, False)
+            batch = {"inputs": inputs.to(self.device)}
+            if self.config.model.puzzles:
+                batch["puzzle_ids"] = puzzle_ids.to(self.device)
+            labels = labels.to(self.device)
+            devices = [self.device] if self.device.startswith("cuda") else []
+            with torch.random.fork_rng(devices), recursion(self.ema, depth), FlopCounter(self.ema) as count:
+                carry, _ = self.ema(self.ema.initial_carry(batch), batch, target=labels)
+                if self.config.model.halting == "q-learning":
+                    next_step_continue_target(self.ema, carry, batch, labels, False)
+            self._update_flops[depth] = count.training_flops * self.tc.batch_size
+        return self._update_flops[depth]
 
     def train_record(self, seen: int, rate: float, lr: float) -> tuple[dict[str, Any], str]:
         window, n_total = self.window, self.window.pop("n")
@@ -208,7 +240,9 @@ class FixedBatches:
     ) -> None:
         self.model, self.task, self.split = model, task, split
         self.tc, self.ctx, self.device = tc, ctx, device
-        self.n_sup = model.config.n_sup
+        # The supervision steps of the current batch (the objective sets it from the curriculum); the update
+        # index of the model's full depth keeps the refill seeds apart whatever the curriculum does.
+        self.n_sup = self.full_n_sup = model.config.n_sup
         self.batch: dict[str, torch.Tensor] = {}
         self.labels = torch.empty(0)
         self.carry: dict[str, torch.Tensor] = {}
@@ -223,6 +257,10 @@ class FixedBatches:
             )
             self._load(inputs, labels, puzzle_ids)
         return self.batch, self.labels, self.carry, n == self.n_sup - 1
+
+    def step_index(self, n: int) -> torch.Tensor:
+        """Each sample's supervision step (0-based) in update ``n`` of the batch, ``[B]``."""
+        return torch.full((len(self.labels),), n, device=self.labels.device)
 
     def _load(self, inputs: torch.Tensor, labels: torch.Tensor, puzzle_ids: torch.Tensor) -> None:
         ctx, device = self.ctx, self.device
@@ -287,7 +325,9 @@ class HaltedReplacement(FixedBatches):
         fresh = self.halted
         count = int(fresh.sum())
         if count:
-            rng = np.random.default_rng([self.tc.seed, _REFILL_STREAM, self.ctx.rank, step * self.n_sup + n])
+            rng = np.random.default_rng(
+                [self.tc.seed, _REFILL_STREAM, self.ctx.rank, step * self.full_n_sup + n]
+            )
             inputs, labels, puzzle_ids = draw_examples(self.task, self.split, rng, count, self.tc.augment)
             self.inputs[fresh], self.labels[fresh] = inputs.to(self.device), labels.to(self.device)
             self.puzzle_ids[fresh] = puzzle_ids.to(self.device)
@@ -299,7 +339,11 @@ class HaltedReplacement(FixedBatches):
                 for key, value in initial.items()
             }
         self.halted = torch.zeros_like(self.halted)
-        return self.batch, self.labels, self.carry, self.steps == self.n_sup - 1
+        # >=: a curriculum that shortens n_sup leaves older samples past the new last step.
+        return self.batch, self.labels, self.carry, self.steps >= self.n_sup - 1
+
+    def step_index(self, n: int) -> torch.Tensor:
+        return self.steps
 
     @torch.no_grad()
     def advance(self, carry: dict[str, torch.Tensor], out: Any, last: Any) -> dict[str, float]:
@@ -311,7 +355,8 @@ class HaltedReplacement(FixedBatches):
         else:
             halts = q_halt > 0
         explore = torch.rand(len(halts), device=halts.device) < self.tc.halt_exploration
-        held_for = torch.randint(2, self.n_sup + 1, (len(halts),), device=halts.device)
+        # At n_sup = 1 every sample halts after its one step, whatever it is held for.
+        held_for = torch.randint(2, max(self.n_sup, 2) + 1, (len(halts),), device=halts.device)
         halts &= self.steps >= torch.where(explore, held_for, 0)
         self.halted = halts | (self.steps >= self.n_sup)
         exact = answer_exact(out.logits.float(), self.labels)[self.halted]
@@ -351,20 +396,23 @@ def supervision_loss(
     beta: float,
     tc: ReasonerTrainConfig,
     continue_target: torch.Tensor | None = None,
+    weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The loss of one supervision step and its parts (labels 0 are not scored).
 
     ``continue_target`` ``[B]`` (Q-learning halting, see :func:`next_step_continue_target`) adds the BCE of
-    ``out.continue_logit`` against it to the halting loss.
+    ``out.continue_logit`` against it to the halting loss. ``weights`` ``[B]`` weigh each sample's loss (the
+    supervision-step weights of :mod:`latentloop.train.curriculum`); the parts are reported unweighted.
     """
     mask = labels != 0
     logits = out.logits.float()
     log_probs = stablemax_log_probs(logits) if tc.stablemax else F.log_softmax(logits, -1)
     token_nll = -log_probs.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
     scored = mask.sum(-1).clamp(min=1)
-    ce = ((token_nll * mask).sum(-1) / scored).mean()
+    ce_rows = (token_nll * mask).sum(-1) / scored
     if out.loss is not None:  # the generative baselines' own objective (AR, MDLM)
-        ce = out.loss.float().mean()
+        ce_rows = out.loss.float()
+    ce = ce_rows.mean()
     with torch.no_grad():
         accuracy = ((logits.argmax(-1) == labels) & mask).sum(-1) / scored
         exact = answer_exact(logits, labels).float()
@@ -373,7 +421,17 @@ def supervision_loss(
     if continue_target is not None:
         halt = halt + F.binary_cross_entropy_with_logits(out.continue_logit.float(), continue_target.float())
     value = F.mse_loss(out.value.float(), accuracy)
-    loss = ce + beta * kl + tc.halt_weight * halt + tc.value_weight * value
+    if weights is None:
+        loss = ce + beta * kl + tc.halt_weight * halt + tc.value_weight * value
+    else:
+        halt_rows = F.binary_cross_entropy_with_logits(out.halt_logit.float(), exact, reduction="none")
+        if continue_target is not None:
+            halt_rows = halt_rows + F.binary_cross_entropy_with_logits(
+                out.continue_logit.float(), continue_target.float(), reduction="none"
+            )
+        rows = ce_rows + beta * out.kl.float() + tc.halt_weight * halt_rows
+        rows = rows + tc.value_weight * (out.value.float() - accuracy) ** 2
+        loss = (rows * weights).mean()
     parts = {
         "ce": float(ce.detach()),
         "kl": float(kl.detach()),

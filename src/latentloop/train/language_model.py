@@ -27,6 +27,7 @@ import torch
 from latentloop.errors import UsageError
 from latentloop.eval.metrics import heldout_metric
 from latentloop.models.recurrent_depth import RecurrentDepthConfig, RecurrentDepthLM
+from latentloop.nn.flops import FlopCounter
 from latentloop.tasks.base import Task
 from latentloop.train import distributed as dist
 from latentloop.train.objective import Objective, Updates
@@ -50,6 +51,7 @@ class LanguageModelObjective(Objective):
         self.sharded = ctx.enabled and self.tc.parallel == "fsdp"
         self.sampler = sampler_for(config.model, self.tc.seed)
         self.window = dict.fromkeys(("loss", "depth", "grad", "n"), 0.0)
+        self._flop_costs: dict[int, tuple[int, int]] = {}
 
     def build(self, checkpoint: Path | None) -> torch.nn.Module:
         config = self.config.model
@@ -113,6 +115,7 @@ class LanguageModelObjective(Objective):
             loss_value = float(loss.detach())
         updates.check_loss(loss_value, f", depth {no_grad + with_grad}")
         grad_norm = updates.apply(loss, ctx)
+        self.flops += self.step_flops(batch_inputs.shape, no_grad, with_grad)
         for key, value in (
             ("loss", loss_value),
             ("depth", no_grad + with_grad),
@@ -121,6 +124,29 @@ class LanguageModelObjective(Objective):
         ):
             self.window[key] += value
         return [loss_value], batch_inputs.numel()
+
+    def step_flops(self, shape: torch.Size, no_grad: int, with_grad: int) -> int:
+        """Training FLOPs of one step on a global batch of ``shape`` at depth ``(no_grad, with_grad)``.
+
+        The cost is linear in the depth: prelude, coda and head once (forward and backward), a core
+        iteration without gradient once its forward, one with gradient three times it. Two forwards of one
+        sequence through a twin of the model (:mod:`latentloop.nn.flops`: built on the meta device, then given
+        uninitialised CPU storage, so nothing is drawn and the RNG is untouched) give both terms.
+        """
+        batch, length = shape
+        if length not in self._flop_costs:
+            with torch.device("meta"):
+                twin = RecurrentDepthLM(copy.deepcopy(self.config.model))
+            twin.to_empty(device="cpu").eval()
+            tokens = torch.zeros(1, length, dtype=torch.long)
+            counts = []
+            for depth in ((0, 1), (1, 1)):
+                with FlopCounter(twin) as count:
+                    twin(tokens, num_steps=depth, init_scale=0.0, labels=tokens)
+                counts.append(count.training_flops)
+            self._flop_costs[length] = (counts[0], counts[1] - counts[0])
+        once, core = self._flop_costs[length]
+        return batch * (once + no_grad * core + (with_grad - 1) * 3 * core)
 
     def train_record(self, seen: int, rate: float, lr: float) -> tuple[dict[str, Any], str]:
         window, n = self.window, self.window["n"]

@@ -108,6 +108,7 @@ def train(
     if checkpoint is not None:
         state, torch_rng = load_training_state(checkpoint, optimizer)
         start_step, seen = state["step"], int(state.get(objective.seen, 0))
+        objective.flops = int(state.get("flops", 0))
         started -= float(state.get("train_seconds", 0.0))  # the budget covers the whole run
         restore_training_rng(state, torch_rng, ctx.rank, ctx.world_size)
         objective.resume(checkpoint, log)
@@ -145,6 +146,7 @@ def train(
         if ctx.is_main:
             trainer_state = {
                 objective.seen: seen,
+                "flops": objective.flops,
                 "train_seconds": time.perf_counter() - started,
                 "precision": precision,
                 "seed": tc.seed,
@@ -188,7 +190,7 @@ def train(
                 bar.update(step, step_losses[-1], rate, last_eval.get("accuracy") if last_eval else None)
                 if step % tc.log_every == 0 or step == end_step:
                     record, line = objective.train_record(seen, rate, updates.lr)
-                    record = {"kind": "train", "step": step, **record}
+                    record = {"kind": "train", "step": step, **record, "flops": objective.flops}
                     record["elapsed_s"] = round(time.perf_counter() - started, 3)
                     metrics.write(record)
                     if log:
@@ -216,6 +218,6 @@ def train(
         precision=precision,
         elapsed_s=time.perf_counter() - started,
         resumed_from=start_step,
-        counts=objective.counts(seen),
+        counts={**objective.counts(seen), "flops": objective.flops},
         last_eval=last_eval,
     )

@@ -68,7 +68,9 @@ class Objective(ABC):
     :meth:`setup`, :meth:`build`, :meth:`resume` (when a checkpoint exists), :meth:`prepare`, then
     :meth:`train_step` each step, :meth:`train_record` at each log, :meth:`evaluate` at each evaluation and
     :meth:`saved_parts` / :meth:`checkpoint_state` at each checkpoint. ``precision`` is set by the loop
-    before :meth:`prepare`."""
+    before :meth:`prepare`. ``flops`` is the run's training compute so far: each :meth:`train_step` adds
+    the forward and backward FLOPs it ran, counted from the shapes (:mod:`latentloop.nn.flops`); the loop
+    logs it beside the samples seen and keeps it in checkpoints."""
 
     seen: str = "examples_seen"  # the counter of what the run has consumed (in checkpoints and results)
     unit: str = "ex/s"  # the progress bar's throughput unit
@@ -79,6 +81,7 @@ class Objective(ABC):
         self.config, self.task, self.out, self.ctx, self.device = config, task, out, ctx, device
         self.tc = config.train
         self.precision = "fp32"
+        self.flops = 0
 
     def setup(self) -> None:  # noqa: B027 - optional
         """Work that needs the run folder, before the model is built (e.g. building the dataset)."""

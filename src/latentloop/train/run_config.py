@@ -21,6 +21,7 @@ from latentloop.errors import UsageError
 from latentloop.models.reasoners import REASONERS, ReasonerConfig
 from latentloop.models.recurrent_depth import RecurrentDepthConfig
 from latentloop.tasks.base import Task, parse_task_spec, task_class
+from latentloop.train.curriculum import CurriculumStage, check_curriculum
 from latentloop.train.distributed import PARALLEL
 from latentloop.train.recurrence import SCHEMES
 
@@ -99,9 +100,16 @@ class ReasonerTrainConfig(TrainConfig):
     train_size: int | None = None
     test_size: int | None = None
     data: str | None = None
+    # Cheaper deep supervision (see latentloop.train.curriculum): stages of (n_sup, cycles, inner) over the
+    # run, and the decay of the supervision steps' loss weights (1: all alike).
+    curriculum: list[CurriculumStage] = field(default_factory=list)
+    step_weight_decay: float = 1.0
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        check_curriculum(self.curriculum)
+        if not 0 < self.step_weight_decay <= 1:
+            raise UsageError(f"train.step_weight_decay must be in (0, 1], got {self.step_weight_decay}")
         if not 0 <= self.ema < 1:
             raise UsageError(f"train.ema must be in [0, 1), got {self.ema}")
         if not 0 <= self.halt_exploration <= 1:
