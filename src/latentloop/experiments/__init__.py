@@ -16,6 +16,27 @@ test-time depths ``eval.depths`` (``eval: {depths: [1, 2, 4, 8, 16, 32], limit: 
 ``eval.samples`` unconditional samples from each (``latentloop sample``): validity, and for digits the
 classifier scores beside real held-out digits.
 
+One with ``kind: time-to-accuracy`` measures how fast reasoners reach a target accuracy and coverage, its
+models being the rows of an ablation, each adding one option (override) to the row before::
+
+    kind: time-to-accuracy
+    budget_minutes: 30
+    models:
+      baseline: {config: ../nqueens8-gram-long.yaml}
+      longer: {config: ../nqueens8-gram-long.yaml, overrides: [train.steps=3000]}
+    eval: {samples: 20, steps: 8, limit: 100, every: 250}   # a checkpoint every 250 batches
+    targets: {accuracy: 95, coverage: 80}                   # percent; metrics: accuracy, coverage
+
+Each model trains with ``train.checkpoint_every=<eval.every>`` and ``train.keep_checkpoints=0`` added to its
+overrides, and every checkpoint is evaluated (``eval.samples``, ``eval.steps``, ``eval.limit``, ``eval.seed``,
+``eval.temperature``; ``eval.select`` and ``eval.fit_value`` are not used): vote and single-sample accuracy and
+coverage against the checkpoint's training minutes, examples seen and FLOPs (``null`` where a checkpoint does
+not record them). The points are cached in ``OUT/<model>/curve.json`` keyed by step, so a rerun evaluates only
+new checkpoints. The report gives each model's final numbers, the point at which each target was first reached
+(or "not reached"), and each row's gain over the row before it: its time-to-target ratio where both reach a
+target, else the difference in final accuracy and coverage; ``curves.png`` draws accuracy and coverage against
+minutes, examples and FLOPs.
+
 :func:`run_experiment` trains each model in ``OUT/<model>`` (resuming an interrupted run; a finished run is not
 trained again), evaluates it on the test split with depth (steps ``1..steps``) and width (samples
 ``1..samples``) curves, and writes ``results.json``, ``report.md``, ``curves.png`` and (tasks that draw

@@ -14,13 +14,59 @@ from latentloop.io import atomic_path
 from latentloop.tasks.base import get_task
 from latentloop.train.run_config import load_reasoner_run_config
 
+TIME_TO_ACCURACY = "time-to-accuracy"
+
 
 def _pct(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.1f}"
 
 
+def format_flops(value: float | None) -> str:
+    """FLOPs as ``1.23e14`` (``-`` when unknown)."""
+    if value is None:
+        return "-"
+    mantissa, exponent = f"{value:.2e}".split("e")
+    return f"{mantissa}e{int(exponent)}"
+
+
+def _minutes(value: float) -> str:
+    return f"{value:.3g}"
+
+
+def _cost(point: dict[str, Any] | None) -> str:
+    """``minutes / examples / FLOPs`` of a curve point, or ``not reached``."""
+    if point is None:
+        return "not reached"
+    return f"{_minutes(point['train_minutes'])} / {point['examples_seen']:,} / {format_flops(point['flops'])}"
+
+
 def summary_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
-    """One flat row per model: the headline numbers of the table (for ``kind: lm``, the metric by depth)."""
+    """One flat row per model: the headline numbers of the table (for ``kind: lm``, the metric by depth; for
+    ``kind: time-to-accuracy``, the final checkpoint's and when each target was first reached)."""
+    if results.get("kind") == TIME_TO_ACCURACY:
+        rows = []
+        for name, row in results["models"].items():
+            final = row["summary"]["final"] or {}
+            rows.append(
+                {
+                    "model": name,
+                    "parameters": row["train"]["parameters"],
+                    "config": row["config"],
+                    "adds": row["adds"],
+                    "checkpoints": row["summary"]["points"],
+                    "batches": final.get("step"),
+                    "train_minutes": final.get("train_minutes"),
+                    "examples_seen": final.get("examples_seen"),
+                    "flops": final.get("flops"),
+                    "accuracy_vote": final.get("accuracy"),
+                    "accuracy_value": final.get("accuracy_value"),
+                    "accuracy_1_sample": final.get("accuracy_1_sample"),
+                    "coverage": final.get("coverage"),
+                    "conflicts_total": None,
+                    "targets": {m: t["reached"] for m, t in row["summary"]["targets"].items()},
+                }
+            )
+        return rows
     if results.get("kind") == "generation":
         rows = []
         for name, row in results["models"].items():
@@ -158,8 +204,77 @@ def _generation_report_markdown(results: dict[str, Any], command: str | None) ->
     return "\n".join(lines) + "\n"
 
 
+def _gain_line(gain: dict[str, Any], targets: dict[str, float]) -> str:
+    """One row's gain over the row before it: the time-to-target ratios where both reach a target, else (or
+    for a target not reached by both) the differences in final accuracy and coverage."""
+    adds = f" (+ {', '.join(gain['adds'])})" if gain["adds"] else ""
+    parts = []
+    for metric, target in targets.items():
+        ratio = gain["time_to_target_ratio"][metric]
+        label = f"{metric} ≥ {target:g}%"
+        parts.append(
+            f"{label} reached {ratio:.2f}x sooner" if ratio is not None else f"{label}: not reached by both"
+        )
+    if not targets or any(r is None for r in gain["time_to_target_ratio"].values()):
+
+        def points(value: float | None) -> str:
+            return "-" if value is None else f"{100 * value:+.1f} points"
+
+        parts.append(
+            f"final accuracy {points(gain['accuracy_difference'])}, coverage {points(gain['coverage_difference'])}"
+        )
+    return f"- {gain['model']}{adds} over {gain['over']}: " + "; ".join(parts)
+
+
+def _time_to_accuracy_report_markdown(results: dict[str, Any], command: str | None) -> str:
+    ev, targets = results["eval"], results.get("targets", {})
+    rows = summary_rows(results)
+    curves = [row["curve"] for row in results["models"].values() if row["curve"]]
+    puzzles = f"{curves[0][-1]['puzzles']} test puzzles, " if curves else ""
+    details = (
+        f"; a checkpoint every {ev['every']} batches, each evaluated on {puzzles}{ev['samples']} samples, "
+        f"{ev['steps']} steps"
+    )
+    if ev.get("temperature", 1.0) != 1.0:
+        details += f", sampling temperature {ev['temperature']}"
+    lines = _report_heading(results, details, command)
+    header = (
+        "| model | adds | checkpoints | accuracy, 1 sample | accuracy, vote | coverage | "
+        "trained (min / examples / FLOPs) |"
+    )
+    rule = "|---|---|---|---|---|---|---|"
+    for metric, target in targets.items():
+        header += f" {metric} ≥ {target:g}% first at (min / examples / FLOPs) |"
+        rule += "---|"
+    lines += ["", "Final checkpoint of each model, and when each target was first reached:", "", header, rule]
+    for r in rows:
+        adds = ", ".join(f"`{a}`" for a in r["adds"]) or "-"
+        trained = "-" if r["train_minutes"] is None else _cost(r)
+        line = (
+            f"| {r['model']} | {adds} | {r['checkpoints']} | {_pct(r['accuracy_1_sample'])} | "
+            f"{_pct(r['accuracy_vote'])} | {_pct(r['coverage'])} | {trained} |"
+        )
+        for metric in targets:
+            line += f" {_cost(r['targets'][metric])} |"
+        lines.append(line)
+    if results.get("ablation"):
+        lines += [
+            "",
+            "Ablation, each row against the one before it (time-to-target ratio: the row before's training "
+            "minutes over this row's, above 1 is sooner):",
+            "",
+            *(_gain_line(gain, targets) for gain in results["ablation"]),
+        ]
+    lines += ["", "Accuracy and coverage against training minutes, examples seen and FLOPs: `curves.png`."]
+    if results.get("paper_note"):
+        lines += ["", results["paper_note"]]
+    return "\n".join(lines) + "\n"
+
+
 def report_markdown(results: dict[str, Any], command: str | None = None) -> str:
     """The experiment's table (ours beside the paper's) and its curves as Markdown."""
+    if results.get("kind") == TIME_TO_ACCURACY:
+        return _time_to_accuracy_report_markdown(results, command)
     if results.get("kind") == "lm":
         return _lm_report_markdown(results, command)
     if results.get("kind") == "generation":
@@ -249,14 +364,50 @@ def report_markdown(results: dict[str, Any], command: str | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _plot_time_to_accuracy(results: dict[str, Any], path: Path, plt: Any) -> None:
+    """Accuracy (top) and coverage (bottom) against training minutes, examples seen and FLOPs, one line per
+    model, the targets dashed; points without FLOPs are left out of the FLOPs column. ``plt``: pyplot."""
+    fig, axes = plt.subplots(2, 3, figsize=(12.6, 7.0), squeeze=False)
+    columns = (("train_minutes", "training minutes"), ("examples_seen", "examples seen"), ("flops", "FLOPs"))
+    metrics = (("accuracy", "accuracy (vote)"), ("coverage", "coverage"))
+    targets = results.get("targets", {})
+    for name, row in results["models"].items():
+        for r, (metric, _) in enumerate(metrics):
+            for c, (cost, _) in enumerate(columns):
+                points = [p for p in row["curve"] if p.get(cost) is not None and p.get(metric) is not None]
+                if points:
+                    axes[r][c].plot(
+                        [p[cost] for p in points], [p[metric] for p in points], "o-", label=name, markersize=3
+                    )
+    for r, (metric, label) in enumerate(metrics):
+        for c, (_, xlabel) in enumerate(columns):
+            ax = axes[r][c]
+            if metric in targets:
+                ax.axhline(targets[metric] / 100, color="gray", linestyle="--", linewidth=1)
+            ax.set(xlabel=xlabel, ylabel=label, ylim=(-0.02, 1.02))
+            ax.grid(alpha=0.3)
+    drawn = [ax for ax in axes.flat if ax.get_legend_handles_labels()[0]]
+    if drawn:
+        drawn[0].legend(fontsize=8)
+    fig.suptitle(results["experiment"])
+    fig.tight_layout()
+    with atomic_path(path) as temp:
+        fig.savefig(temp, format="png", dpi=110)
+    plt.close(fig)
+
+
 def plot_results(results: dict[str, Any], path: Path) -> None:
-    """Accuracy against steps, accuracy against samples and coverage against samples, every model."""
+    """Accuracy against steps, accuracy against samples and coverage against samples, every model (for
+    ``kind: time-to-accuracy``, accuracy and coverage against minutes, examples seen and FLOPs)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     models = results["models"]
+    if results.get("kind") == TIME_TO_ACCURACY:
+        _plot_time_to_accuracy(results, path, plt)
+        return
     if results.get("kind") == "generation":  # the models' sample grids side by side
         grids = [(name, row["eval"].get("image")) for name, row in models.items()]
         grids = [(name, image) for name, image in grids if image and Path(image).is_file()]

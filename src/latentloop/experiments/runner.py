@@ -1,13 +1,15 @@
 """Running an experiment: train every model under its budget, evaluate (or sample) each alike, and write the
 results and the report into the output folder.
 
-Each step stores what it produced in the model's folder (``train.json``, ``eval.json``, ``sample.json``), so a
-rerun resumes an interrupted run and skips what has finished with the same settings.
+Each step stores what it produced in the model's folder (``train.json``, ``eval.json``, ``sample.json``, and
+for ``kind: time-to-accuracy`` ``curve.json``, one point per checkpoint), so a rerun resumes an interrupted run
+and skips what has finished with the same settings.
 """
 
 from __future__ import annotations
 
 import datetime
+import itertools
 import json
 import os
 import platform
@@ -27,9 +29,12 @@ from latentloop.experiments.spec import EvalSpec, Experiment, ModelSpec, positiv
 from latentloop.io import atomic_write_text
 from latentloop.models.reasoners import REASONERS
 from latentloop.models.recurrent_depth import RecurrentDepthLM
+from latentloop.train.checkpoint import list_checkpoints, read_trainer_state
 from latentloop.train.loop import train
 from latentloop.train.run_config import build_reasoner_config, build_run_config
 from latentloop.train.value import fit_value_head, save_value_head
+
+TIME_TO_ACCURACY = "time-to-accuracy"
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
@@ -53,11 +58,23 @@ def _check_writable(out: Path) -> None:
         raise UsageError(f"cannot write to output folder {out}: {error.strerror or error}") from None
 
 
+def _trained_specs(experiment: Experiment) -> list[ModelSpec]:
+    """The models as they are trained. For ``kind: time-to-accuracy`` each gets a checkpoint every
+    ``eval.every`` batches and keeps them all, and runs no evaluation of its own while it trains (that would
+    count in its minutes); these come after its own overrides, so they win, and being part of the overrides
+    they are recorded in ``train.json`` and checked alike on a rerun."""
+    if experiment.kind != TIME_TO_ACCURACY:
+        return list(experiment.models)
+    every = experiment.eval.every
+    extra = [f"train.checkpoint_every={every}", "train.keep_checkpoints=0", "train.eval_every=0"]
+    return [ModelSpec(spec.name, spec.config, [*spec.overrides, *extra]) for spec in experiment.models]
+
+
 def _check_run_configs(experiment: Experiment) -> None:
     """Build every model's run config with its overrides, so that a bad key or value stops the experiment
     before any model trains."""
     build = build_run_config if experiment.kind == "lm" else build_reasoner_config
-    for spec in experiment.models:
+    for spec in _trained_specs(experiment):
         build(load_yaml(spec.config), spec.overrides)
 
 
@@ -154,9 +171,7 @@ def _evaluate_model(
     log: Callable[[str], None],
     progress: bool = True,
 ) -> dict:
-    # The generative baselines decode with their own loop (AR: one pass; MDLM: its unmasking steps), so the
-    # experiment's supervision-step count does not apply to them: they use their own default.
-    steps = None if REASONERS[arch].generative else settings.steps
+    steps = _eval_steps(arch, settings)
     fit_steps = settings.fit_value if REASONERS[arch].stochastic and not REASONERS[arch].generative else 0
     wanted = {"samples": settings.samples, "select": settings.select, "seed": settings.seed}
     report = _read_json(folder / "eval.json")
@@ -211,6 +226,179 @@ def _fit_value(
     return summary
 
 
+def _eval_steps(arch: str, settings: EvalSpec) -> int | None:
+    # The generative baselines decode with their own loop (AR: one pass; MDLM: its unmasking steps), so the
+    # experiment's supervision-step count does not apply to them: they use their own default.
+    return None if REASONERS[arch].generative else settings.steps
+
+
+def evaluate_checkpoint(checkpoint: Path, arch: str, settings: EvalSpec) -> dict[str, Any]:
+    """One point of a time-to-accuracy curve: ``checkpoint`` evaluated on the test split, beside what its
+    training had cost by then (from its ``trainer_state.json``).
+
+    Accuracies and coverage are fractions, as in the other reports: ``accuracy`` is the vote over all
+    ``settings.samples`` samples, ``accuracy_1_sample`` that of one sample, ``coverage`` the share of distinct
+    solutions found by all samples (``None`` for tasks with one solution). ``flops`` is ``None`` for
+    checkpoints that do not record it.
+    """
+    state = read_trainer_state(checkpoint)
+    report = evaluate_reasoner(
+        checkpoint,
+        samples=settings.samples,
+        steps=_eval_steps(arch, settings),
+        limit=settings.limit,
+        seed=settings.seed,
+        temperature=settings.temperature,
+        write=False,
+        progress=False,
+    )
+    by_select = report["accuracy_by_select"]
+    flops = state.get("flops")
+    return {
+        "step": state["step"],
+        "checkpoint": f"{checkpoint.parent.name}/{checkpoint.name}",  # relative to the model's folder
+        "train_minutes": round(float(state.get("train_seconds", 0.0)) / 60, 5),
+        "examples_seen": int(state.get("examples_seen", 0)),
+        "flops": None if flops is None else float(flops),
+        "puzzles": report["puzzles"],
+        "accuracy": by_select["vote"],
+        "accuracy_1_sample": report["curve_samples"][0]["vote"],
+        "accuracy_value": by_select.get("value"),
+        "coverage": report.get("coverage"),
+    }
+
+
+def _evaluate_curve(
+    spec: ModelSpec, folder: Path, arch: str, settings: EvalSpec, log: Callable[[str], None]
+) -> list[dict[str, Any]]:
+    """Every checkpoint of the run folder evaluated (:func:`evaluate_checkpoint`), ordered by step.
+
+    The points are cached in ``MODEL/curve.json`` keyed by checkpoint step, written after each one: a rerun
+    evaluates only the checkpoints it has not seen (all of them again when the evaluation settings changed).
+    """
+    wanted = {
+        "samples": settings.samples,
+        "steps": _eval_steps(arch, settings),
+        "limit": settings.limit,
+        "seed": settings.seed,
+        "temperature": settings.temperature,
+    }
+    cache = _read_json(folder / "curve.json")
+    points: dict[str, dict[str, Any]] = {}
+    if cache is not None and cache.get("settings") == wanted and isinstance(cache.get("points"), dict):
+        points = cache["points"]
+    elif cache is not None:
+        log(f"{spec.name}: evaluation settings changed, evaluating every checkpoint again")
+    todo = [c for c in list_checkpoints(folder) if str(read_trainer_state(c)["step"]) not in points]
+    if not todo:
+        log(f"{spec.name}: {len(points)} checkpoints evaluated already, skipping")
+    for number, checkpoint in enumerate(todo, 1):
+        log(f"{spec.name}: evaluating {checkpoint.name} ({number}/{len(todo)})")
+        point = evaluate_checkpoint(checkpoint, arch, settings)
+        points[str(point["step"])] = point
+        _write_json(folder / "curve.json", {"settings": wanted, "points": points})
+    return sorted(points.values(), key=lambda p: p["step"])
+
+
+def first_reached(curve: list[dict[str, Any]], metric: str, target: float) -> dict[str, Any] | None:
+    """The first point of ``curve`` (ordered by step) whose ``metric`` (a fraction) reaches ``target`` (a
+    percent), or ``None`` when none does."""
+    for point in curve:
+        value = point.get(metric)
+        if value is not None and 100 * value >= target - 1e-9:  # 0.57 * 100 is 56.99999999999999
+            return point
+    return None
+
+
+COST_KEYS = ("step", "train_minutes", "examples_seen", "flops")
+FINAL_KEYS = (*COST_KEYS, "accuracy", "accuracy_1_sample", "accuracy_value", "coverage")
+
+
+def curve_summary(curve: list[dict[str, Any]], targets: dict[str, float]) -> dict[str, Any]:
+    """A model's row of a time-to-accuracy experiment: the final point's values, and for each target (metric
+    -> percent) its cost (step, minutes, examples, FLOPs) when first reached, or ``None``."""
+    reached = {}
+    for metric, target in targets.items():
+        point = first_reached(curve, metric, target)
+        reached[metric] = {
+            "target": target,
+            "reached": None if point is None else {k: point.get(k) for k in COST_KEYS},
+        }
+    return {
+        "points": len(curve),
+        "final": {k: curve[-1].get(k) for k in FINAL_KEYS} if curve else None,
+        "targets": reached,
+    }
+
+
+def _difference(after: float | None, before: float | None) -> float | None:
+    return None if after is None or before is None else round(after - before, 6)
+
+
+def ablation_gains(rows: dict[str, dict[str, Any]], targets: dict[str, float]) -> list[dict[str, Any]]:
+    """What each row of a time-to-accuracy experiment gains over the row before it: for each target the
+    time-to-target ratio (the row before's minutes over this row's; above 1 is sooner) when both reach it,
+    else ``None``; and the differences in final accuracy and coverage (fractions)."""
+    gains = []
+    for before, after in itertools.pairwise(rows):
+        old, new = rows[before]["summary"], rows[after]["summary"]
+        ratios: dict[str, float | None] = {}
+        for metric in targets:
+            a, b = old["targets"][metric]["reached"], new["targets"][metric]["reached"]
+            both = a is not None and b is not None and b["train_minutes"] > 0
+            ratios[metric] = round(a["train_minutes"] / b["train_minutes"], 3) if both else None
+        old_final, new_final = old["final"] or {}, new["final"] or {}
+        gains.append(
+            {
+                "model": after,
+                "over": before,
+                "adds": rows[after]["adds"],
+                "time_to_target_ratio": ratios,
+                "accuracy_difference": _difference(new_final.get("accuracy"), old_final.get("accuracy")),
+                "coverage_difference": _difference(new_final.get("coverage"), old_final.get("coverage")),
+            }
+        )
+    return gains
+
+
+def _relative_config(config: Path, experiment: Experiment) -> str:
+    """A model's run config as written relative to the experiment file (its name when that fails)."""
+    try:
+        return os.path.relpath(config, experiment.path.resolve().parent)
+    except ValueError:  # another drive (Windows)
+        return config.name
+
+
+def _adds(spec: ModelSpec, before: ModelSpec | None, experiment: Experiment) -> list[str]:
+    """The options ``spec`` adds to the ablation row before it: its overrides that row lacks, and its run
+    config when that differs (the first row: all its overrides)."""
+    if before is None:
+        return list(spec.overrides)
+    added = [o for o in spec.overrides if o not in before.overrides]
+    if spec.config != before.config:
+        added.insert(0, f"config {_relative_config(spec.config, experiment)}")
+    return added
+
+
+def _time_to_accuracy_row(
+    experiment: Experiment,
+    index: int,
+    folder: Path,
+    train_summary: dict[str, Any],
+    log: Callable[[str], None],
+) -> dict[str, Any]:
+    """A model's row of a time-to-accuracy experiment: its curve over all checkpoints and its summary."""
+    spec = experiment.models[index]
+    curve = _evaluate_curve(spec, folder, train_summary["arch"], experiment.eval, log)
+    return {
+        "train": train_summary,
+        "config": _relative_config(spec.config, experiment),
+        "adds": _adds(spec, experiment.models[index - 1] if index else None, experiment),
+        "curve": curve,
+        "summary": curve_summary(curve, experiment.targets),
+    }
+
+
 def machine() -> dict[str, Any]:
     """What the numbers were measured on."""
     return {
@@ -233,7 +421,10 @@ def run_experiment(
     """Train and evaluate every model of ``experiment`` into ``out``; returns the results (also written).
 
     ``budget_minutes`` is the training time of the whole experiment, split equally between its models; by
-    default each model gets the experiment's ``budget_minutes``.
+    default each model gets the experiment's ``budget_minutes``. For ``kind: time-to-accuracy`` every model
+    keeps a checkpoint every ``eval.every`` batches, each of which is evaluated (resumably, see
+    :func:`_evaluate_curve`), and the results hold each model's curve, the first point reaching each target,
+    and the gain of each row over the row before it (:func:`ablation_gains`).
     """
     out = Path(out)
     _check_run_configs(experiment)
@@ -244,9 +435,12 @@ def run_experiment(
     _check_writable(out)
     started = datetime.datetime.now(datetime.timezone.utc)
     rows: dict[str, Any] = {}
-    for spec in experiment.models:
+    for index, spec in enumerate(_trained_specs(experiment)):
         folder = out / spec.name
         train = _train_model(spec, folder, round(per_model, 4), progress, log, lm=experiment.kind == "lm")
+        if experiment.kind == TIME_TO_ACCURACY:
+            rows[spec.name] = _time_to_accuracy_row(experiment, index, folder, train, log)
+            continue
         if experiment.kind == "lm":
             report = _evaluate_lm(spec, folder, experiment.eval, log)
         elif experiment.kind == "generation":
@@ -268,6 +462,9 @@ def run_experiment(
         "paper": experiment.paper,
         "paper_note": experiment.paper_note,
     }
+    if experiment.kind == TIME_TO_ACCURACY:
+        results["targets"] = experiment.targets
+        results["ablation"] = ablation_gains(rows, experiment.targets)
     _write_json(out / "results.json", results)
     atomic_write_text(out / "report.md", report_markdown(results))
     plot_results(results, out / "curves.png")

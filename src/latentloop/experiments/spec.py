@@ -17,7 +17,9 @@ from latentloop.errors import UsageError
 # src/latentloop/experiments/spec.py -> the repository root, three folders up.
 EXPERIMENTS_DIR = Path(__file__).resolve().parents[3] / "configs" / "experiments"
 DEFAULT_EXPERIMENT = "default"
-KINDS = ("reasoners", "lm", "generation")
+KINDS = ("reasoners", "lm", "generation", "time-to-accuracy")
+# kind: time-to-accuracy: the metrics a target may name (percent), each first reached at some checkpoint.
+TARGET_METRICS = ("accuracy", "coverage")
 
 
 @dataclass
@@ -42,6 +44,7 @@ class EvalSpec:
     # GRAM: updates of a value head fitted to its own samples before evaluating (latentloop fit-value); 0: off
     fit_value: int = 0
     depths: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32])  # kind: lm only
+    every: int = 250  # kind: time-to-accuracy only: a checkpoint (and its evaluation) every this many batches
 
 
 @dataclass
@@ -57,8 +60,11 @@ class Experiment:
     paper: dict[str, dict[str, float]]
     paper_note: str = ""
     expected_minutes: float | None = None
-    kind: str = "reasoners"  # "lm": recurrent-depth LMs against depth; "generation": unconditional samples
+    # "lm": recurrent-depth LMs against depth; "generation": unconditional samples; "time-to-accuracy": every
+    # checkpoint evaluated, against training minutes, examples seen and FLOPs
+    kind: str = "reasoners"
     overrides: list[str] = field(default_factory=list)  # given for this run (see load_experiment)
+    targets: dict[str, float] = field(default_factory=dict)  # kind: time-to-accuracy: metric -> percent
 
 
 def available_experiments(folder: Path = EXPERIMENTS_DIR) -> list[str]:
@@ -78,6 +84,29 @@ def positive_number(value: Any, name: str) -> float:
 
 
 OVERRIDE_SECTIONS = ("model", "train", "task", "eval")
+
+
+def _parse_targets(raw: Any, path: Path) -> dict[str, float]:
+    """The ``targets`` mapping of an experiment file (metric name -> percent in ``(0, 100]``), validated with
+    one-line errors."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise UsageError(f"{path}: targets must map metrics ({', '.join(TARGET_METRICS)}) to percents")
+    targets = {}
+    for metric, value in raw.items():
+        if metric not in TARGET_METRICS:
+            raise UsageError(f"{path}: targets.{metric} is not a metric (known: {', '.join(TARGET_METRICS)})")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 100:
+            raise UsageError(f"{path}: targets.{metric} must be a percent in (0, 100], got {value!r}")
+        targets[str(metric)] = float(value)
+    return targets
+
+
+def _check_every(every: Any, path: Path) -> None:
+    """A one-line error unless ``eval.every`` (batches between checkpoints) is an integer of at least 1."""
+    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+        raise UsageError(f"{path}: eval.every must be an integer of at least 1, got {every!r}")
 
 
 def _split_overrides(overrides: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -125,10 +154,11 @@ def load_experiment(name_or_path: str, overrides: Sequence[str] = ()) -> Experim
         own = [str(o) for o in entry.get("overrides") or []]
         specs.append(ModelSpec(str(model), config, [*own, *run_overrides]))
     raw_eval = data.get("eval") or {}
-    known = {"samples", "steps", "limit", "select", "seed", "temperature", "depths", "fit_value"}
+    known = {"samples", "steps", "limit", "select", "seed", "temperature", "depths", "fit_value", "every"}
     unknown = set(raw_eval) - known
     if unknown:
         raise UsageError(f"{path}: unknown eval keys {', '.join(sorted(unknown))}")
+    _check_every(raw_eval.get("every", 1), path)  # the file's own value, before overrides coerce it
     try:
         evaluation = apply_overrides(EvalSpec(**raw_eval), eval_overrides)
     except UsageError as error:
@@ -140,12 +170,14 @@ def load_experiment(name_or_path: str, overrides: Sequence[str] = ()) -> Experim
         raise UsageError(f"{path}: eval.temperature must be at least 0")
     if int(evaluation.fit_value) < 0:
         raise UsageError(f"{path}: eval.fit_value must be at least 0")
+    _check_every(evaluation.every, path)
     depths = evaluation.depths
     if not isinstance(depths, list) or not depths or not all(isinstance(d, int) and d >= 1 for d in depths):
         raise UsageError(f"{path}: eval.depths must be a list of positive integers")
     kind = str(data.get("kind", "reasoners"))
     if kind not in KINDS:
         raise UsageError(f"{path}: kind must be one of {', '.join(KINDS)}, not {kind!r}")
+    targets = _parse_targets(data.get("targets"), path)
     expected = data.get("expected_minutes")
     return Experiment(
         name=path.stem,
@@ -159,4 +191,5 @@ def load_experiment(name_or_path: str, overrides: Sequence[str] = ()) -> Experim
         expected_minutes=float(expected) if expected is not None else None,
         kind=kind,
         overrides=list(overrides),
+        targets=targets,
     )
