@@ -35,6 +35,25 @@ def test_a_stage_that_grows_n_sup_keeps_the_other_values_of_the_model():
     assert depth_at(2, 4, stages, MODEL) == MODEL
 
 
+def test_a_stage_can_set_the_kl_weight():
+    stages = [CurriculumStage(until=0.5, beta=0.0)]
+    final = Depth(8, 1, 1, beta=0.07)
+    assert depth_at(0, 4, stages, final) == Depth(8, 1, 1, beta=0.0)
+    assert depth_at(2, 4, stages, final) == final
+
+
+def test_the_stage_beta_is_the_kl_weight_of_its_steps(tmp_path):
+    def losses(beta, curriculum=()):
+        config = build_reasoner_config(
+            tiny_run(TINY_REASONER, arch="gram", model={"beta": beta}, train={"curriculum": list(curriculum)})
+        )
+        return train(config, tmp_path / f"{beta}-{len(curriculum)}").losses
+
+    annealed = losses(1.0, [{"until": 1.0, "beta": 0.0}])
+    assert annealed == losses(0.0)
+    assert annealed != losses(1.0)
+
+
 def test_step_weights_decay_and_average_one():
     weights = step_weights(0.5, 3, torch.tensor([0, 1, 2]))
     mean = (1 + 0.5 + 0.25) / 3
@@ -127,6 +146,7 @@ def test_step_weights_change_training(tmp_path):
         ([{"until": 1.5}], "train.curriculum[0].until must be in (0, 1]"),
         ([{"until": 0.5, "cycles": 0}], "train.curriculum[0].cycles must be at least 1"),
         ([{"until": 0.5, "depth": 2}], "unknown config key train.curriculum.'depth'"),
+        ([{"until": 0.5, "beta": -0.1}], "train.curriculum[0].beta must not be negative"),
     ],
 )
 def test_bad_curricula_are_one_clear_error(curriculum, message):

@@ -13,7 +13,10 @@ checkpoints use. CGAR's schedule for TRM is ``(T, n) = (2, 1)`` for the first 30
         - {until: 0.3, cycles: 2, inner: 1}
         - {until: 0.6, cycles: 4, inner: 2}
 
-The depth of a step is a pure function of the step, so a resumed run trains exactly what the uninterrupted
+A stage may also set GRAM's ``beta``, the weight of the KL term: a small ``beta`` early lets the posterior
+carry information through the noise before the KL term prices it at the model's ``beta`` (KL annealing,
+Bowman et al. 2016, "Generating Sentences from a Continuous Space", against posterior collapse). The
+settings of a step are a pure function of the step, so a resumed run trains exactly what the uninterrupted
 run trains.
 
 **Supervision-step weights** (CGAR's hierarchical supervision weighting). ``train.step_weight_decay`` ``λ``
@@ -34,26 +37,29 @@ import torch
 from latentloop.errors import UsageError
 
 DEPTH_KEYS = ("n_sup", "cycles", "inner")
+STAGE_KEYS = (*DEPTH_KEYS, "beta")
 
 
 @dataclass
 class CurriculumStage:
-    """One stage of ``train.curriculum``: the depth of the steps before ``until`` (a fraction of
-    ``train.steps``); ``None`` keeps the model's value."""
+    """One stage of ``train.curriculum``: the depth (and GRAM's ``beta``) of the steps before ``until`` (a
+    fraction of ``train.steps``); ``None`` keeps the model's value."""
 
     until: float = 1.0
     n_sup: int | None = None
     cycles: int | None = None
     inner: int | None = None
+    beta: float | None = None
 
 
 @dataclass(frozen=True)
 class Depth:
-    """The recursion of one training step."""
+    """The recursion of one training step, and the KL weight of its loss."""
 
     n_sup: int
     cycles: int
     inner: int
+    beta: float = 0.0
 
 
 def check_curriculum(stages: list[CurriculumStage]) -> None:
@@ -71,6 +77,8 @@ def check_curriculum(stages: list[CurriculumStage]) -> None:
             value = getattr(stage, key)
             if value is not None and value < 1:
                 raise UsageError(f"{where}.{key} must be at least 1, got {value}")
+        if stage.beta is not None and not stage.beta >= 0:
+            raise UsageError(f"{where}.beta must not be negative, got {stage.beta}")
 
 
 def depth_at(step: int, steps: int, stages: list[CurriculumStage], final: Depth) -> Depth:
@@ -78,7 +86,12 @@ def depth_at(step: int, steps: int, stages: list[CurriculumStage], final: Depth)
     ``until`` it has not reached, else ``final`` (the model's)."""
     for stage in stages:
         if step < stage.until * steps:
-            return Depth(**{key: getattr(stage, key) or getattr(final, key) for key in DEPTH_KEYS})
+            return Depth(
+                **{
+                    key: getattr(final, key) if getattr(stage, key) is None else getattr(stage, key)
+                    for key in STAGE_KEYS
+                }
+            )
     return final
 
 

@@ -70,10 +70,11 @@ class DeepSupervision(Objective):
         # Under a curriculum a step may run fewer updates; the learning rate and the EMA follow the update
         # index of the full depth, so both stay pure functions of (step, update).
         self.updates_per_step = config.model.n_sup
-        self.final_depth = Depth(config.model.n_sup, config.model.cycles, config.model.inner)
+        model = config.model
+        self.final_depth = Depth(model.n_sup, model.cycles, model.inner, model.beta)
         self.window: dict[str, float] = {}
         self.parts: tuple[str, ...] = ()
-        self._update_flops: dict[Depth, int] = {}
+        self._update_flops: dict[tuple[int, int], int] = {}  # by (cycles, inner)
 
     def setup(self) -> None:
         config, ctx = self.config, self.ctx
@@ -139,7 +140,7 @@ class DeepSupervision(Objective):
                 target_q = None
                 if self.config.model.halting == "q-learning":
                     target_q = next_step_continue_target(model, carry, batch, labels, last)
-                loss, parts = supervision_loss(output, labels, self.config.model.beta, tc, target_q, weights)
+                loss, parts = supervision_loss(output, labels, depth.beta, tc, target_q, weights)
             value = float(loss.detach())
             if ctx.enabled:  # equal shards: the mean over ranks is the loss of the whole batch
                 value, *averaged = dist.all_reduce_mean([value, *parts.values()], ctx)
@@ -168,7 +169,8 @@ class DeepSupervision(Objective):
         look-ahead forward of Q-learning halting included (see :mod:`latentloop.nn.flops`). Counted once per
         depth on one training example run through the EMA model (eager, the same shapes), with the RNG
         states kept, so the count changes nothing of the training."""
-        if depth not in self._update_flops:
+        key = depth.cycles, depth.inner
+        if key not in self._update_flops:
             rng = np.random.default_rng(0)
             inputs, labels, puzzle_ids = draw_examples(self.task, self.data["train"], rng, 1, False)
             batch = {"inputs": inputs.to(self.device)}
@@ -180,8 +182,8 @@ class DeepSupervision(Objective):
                 carry, _ = self.ema(self.ema.initial_carry(batch), batch, target=labels)
                 if self.config.model.halting == "q-learning":
                     next_step_continue_target(self.ema, carry, batch, labels, False)
-            self._update_flops[depth] = count.training_flops * self.tc.batch_size
-        return self._update_flops[depth]
+            self._update_flops[key] = count.training_flops * self.tc.batch_size
+        return self._update_flops[key]
 
     def train_record(self, seen: int, rate: float, lr: float) -> tuple[dict[str, Any], str]:
         window, n_total = self.window, self.window.pop("n")
