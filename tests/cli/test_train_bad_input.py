@@ -107,6 +107,7 @@ def test_a_checkpoint_of_another_size_is_refused(lm_run, lm_config, tmp_path, ca
         "model.vocab_size=3",
         "train.keep_checkpoints=[1]",
         "task.digits=-2",
+        "train.decay_fraction=0",
     ],
 )
 def test_an_impossible_config_value_writes_nothing(lm_config, tmp_path, capsys, override):
@@ -120,3 +121,22 @@ def test_a_config_file_that_is_not_a_mapping(tmp_path, capsys):
     config.write_text("- just\n- a list\n")
     _train(capsys, config, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "train.curriculum=[{until: 0.6}, {until: 0.3}]",
+        "train.curriculum=[{until: 0.5, cycles: 0}]",
+        "train.curriculum=[{until: 0.5, depth: 2}]",
+        "train.curriculum=5",
+        "train.step_weight_decay=1.5",
+    ],
+)
+def test_a_bad_curriculum_or_step_weight_is_one_line_and_writes_nothing(tmp_path, capsys, override):
+    config = tmp_path / "reasoner.yaml"
+    config.write_text(yaml.safe_dump(REASONER))
+    out = tmp_path / "fresh"
+    line = _train(capsys, config, out, override)
+    assert "train.curriculum" in line or "train.step_weight_decay" in line
+    assert not out.exists()

@@ -22,6 +22,18 @@ def test_warmup_then_cosine_to_the_floor():
     assert lrs[110] == pytest.approx(0.1) and lrs[129] == pytest.approx(0.1)
 
 
+def test_warmup_stable_decay_holds_the_rate_then_decays_over_the_last_share():
+    lrs = [lr_at(s, 1.0, 10, 110, 0.1, decay_fraction=0.2) for s in range(120)]
+    assert lrs[9] == pytest.approx(1.0) and set(lrs[10:89]) == {1.0}  # held until 110 - 22 = 88
+    assert lrs[99] == pytest.approx(0.1 + 0.9 * 0.5)  # halfway through the decay
+    assert all(a >= b for a, b in itertools.pairwise(lrs[88:111]))
+    assert lrs[110] == pytest.approx(0.1) and lrs[119] == pytest.approx(0.1)
+    # The whole run decays when the fraction is 1, as the plain cosine does.
+    assert [lr_at(s, 1.0, 10, 110, 0.1, 1.0) for s in range(120)] == [
+        lr_at(s, 1.0, 10, 110, 0.1) for s in range(120)
+    ]
+
+
 def test_no_weight_decay_on_norms_biases_qk_bias_and_embeddings():
     model = RecurrentDepthLM(RecurrentDepthConfig(n_embd=16, n_heads=2, intermediate_size=32, vocab_size=32))
     decay, no_decay = parameter_groups(model, 0.1)

@@ -36,7 +36,9 @@ class Updates:
         """Set (and return) the learning rate of update ``n`` of step ``step``."""
         tc = self.tc
         total = tc.steps * self.per_step
-        self.lr = lr_at(step * self.per_step + n, tc.lr, tc.warmup_steps, total, tc.min_lr_ratio)
+        self.lr = lr_at(
+            step * self.per_step + n, tc.lr, tc.warmup_steps, total, tc.min_lr_ratio, tc.decay_fraction
+        )
         set_lr(self.optimizer, self.lr)
         self.where = f"step {step + 1}" + (f", supervision step {n + 1}" if self.per_step > 1 else "")
         return self.lr

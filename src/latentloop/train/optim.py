@@ -39,14 +39,27 @@ def build_optimizer(
     return torch.optim.AdamW(parameter_groups(model, weight_decay), lr=lr, betas=tuple(betas), eps=eps)
 
 
-def lr_at(step: int, lr: float, warmup_steps: int, total_steps: int, min_lr_ratio: float = 0.1) -> float:
+def lr_at(
+    step: int,
+    lr: float,
+    warmup_steps: int,
+    total_steps: int,
+    min_lr_ratio: float = 0.1,
+    decay_fraction: float = 1.0,
+) -> float:
     """Learning rate of ``step`` (0-based): linear warmup over ``warmup_steps``, then cosine decay to
     ``min_lr_ratio * lr`` at ``total_steps`` (and flat after). A pure function of the step, so resuming needs
-    no scheduler state."""
+    no scheduler state.
+
+    ``decay_fraction < 1`` holds the rate at ``lr`` after the warmup and decays it over only the last
+    ``decay_fraction`` of the steps (warmup-stable-decay, Hu et al. 2024, MiniCPM; Hägele et al. 2024): most
+    of the run learns at the full rate, and the gain of annealing comes at the end.
+    """
     if warmup_steps > 0 and step < warmup_steps:
         return lr * (step + 1) / warmup_steps
-    span = max(total_steps - warmup_steps, 1)
-    progress = min(max(step - warmup_steps, 0) / span, 1.0)
+    start = max(warmup_steps, total_steps - round(decay_fraction * total_steps))
+    span = max(total_steps - start, 1)
+    progress = min(max(step - start, 0) / span, 1.0)
     floor = lr * min_lr_ratio
     return floor + (lr - floor) * 0.5 * (1 + math.cos(math.pi * progress))
 

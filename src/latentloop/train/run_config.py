@@ -35,6 +35,8 @@ class TrainConfig:
 
     lr: float = 1e-3
     min_lr_ratio: float = 0.1
+    # The share of the steps over which the rate decays (1: cosine after the warmup; less: held, then decayed)
+    decay_fraction: float = 1.0
     betas: tuple[float, float] = (0.9, 0.95)
     eps: float = 1e-8
     weight_decay: float = 0.1
@@ -74,6 +76,8 @@ class TrainConfig:
         for name in ("steps", "warmup_steps", "eval_every", "eval_size", "checkpoint_every"):
             if getattr(self, name) < 0:
                 raise UsageError(f"train.{name} must not be negative, got {getattr(self, name)}")
+        if not 0 < self.decay_fraction <= 1:
+            raise UsageError(f"train.decay_fraction must be in (0, 1], got {self.decay_fraction}")
         if not self.lr > 0:
             raise UsageError(f"train.lr must be positive, got {self.lr}")
         if self.budget_minutes is not None and not self.budget_minutes > 0:
