@@ -55,6 +55,41 @@ def test_experiment_trains_evaluates_and_reports(tmp_path):
     assert (tmp_path / "out" / "boards.png").stat().st_size > 0 and "boards.png" in report
 
 
+def test_results_name_their_files_relative_to_the_output_folder_and_the_experiment(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    path = write_experiment(tmp_path)
+    out = tmp_path / "out"  # absolute, and still nothing absolute is written
+    results = run_experiment(
+        load_experiment(str(path), ["eval.fit_value=1"]), out, progress=False, log=lambda _: None
+    )
+    assert results["file"] == "tiny.yaml"  # relative to the working directory
+    for name, row in results["models"].items():
+        assert row["train"]["config"] == f"{name}.yaml"  # as the experiment file names it
+        evaluation = row["eval"]
+        assert evaluation["run"] == name and evaluation["checkpoint"].startswith(f"{name}/checkpoints/step_")
+        assert evaluation["written"] and all(p.startswith(f"{name}/") for p in evaluation["written"])
+        assert all(
+            (out / p).is_file() for p in [*evaluation["written"], evaluation["checkpoint"] + "/config.json"]
+        )
+    assert results["models"]["gram"]["eval"]["value_fit"]["file"].startswith("gram/checkpoints/")
+    saved = (out / "results.json").read_text() + (out / "gram" / "eval.json").read_text()
+    saved += (out / "gram" / "train.json").read_text() + (out / "report.md").read_text()
+    assert str(tmp_path) not in saved
+    # A rerun reads the stored files back as they are.
+    again = run_experiment(
+        load_experiment(str(path), ["eval.fit_value=1"]), out, progress=False, log=lambda _: None
+    )
+    assert again["models"] == results["models"]
+
+
+def test_a_shipped_experiment_is_named_by_its_path_in_the_package():
+    from latentloop.paths import shipped_or_relative
+
+    experiment = load_experiment("default")
+    assert shipped_or_relative(experiment.path) == "configs/experiments/default.yaml"
+    assert shipped_or_relative(experiment.models[0].config) == "configs/graph-coloring8-gram.yaml"
+
+
 def test_second_run_skips_finished_parts(tmp_path):
     experiment = load_experiment(str(write_experiment(tmp_path)))
     run_experiment(experiment, tmp_path / "out", progress=False, log=lambda _: None)
@@ -230,6 +265,7 @@ def test_lm_experiment_reports_the_metric_against_depth(tmp_path):
     assert row["train"]["step"] == 2 and row["train"]["parameters"] > 0
     assert [r["num_steps"] for r in row["eval"]["results"]] == [1, 3]
     assert all(r["n"] == 8 for r in row["eval"]["results"])
+    assert row["eval"]["written"] == ["huginn/eval.json", "huginn/eval.md", "huginn/eval_depth.png"]
     report = (tmp_path / "out" / "report.md").read_text()
     assert "| model | parameters | trained (min / steps) | r=1 | r=3 |" in report
     assert (tmp_path / "out" / "curves.png").stat().st_size > 0
@@ -269,6 +305,9 @@ def test_generation_experiment_samples_and_scores_each_model(tmp_path):
     )
     sampled = results["models"]["gram"]["eval"]
     assert sampled["samples"] == 6 and 0 <= sampled["valid_fraction"] <= 1
+    assert (
+        sampled["image"] == "gram/samples.png" and sampled["run"] == "gram"
+    )  # relative to the output folder
     assert {"inception_score", "frechet_distance"} <= set(sampled["scores"])
     assert (tmp_path / "out" / "gram" / "samples.png").stat().st_size > 0
     report = (tmp_path / "out" / "report.md").read_text()

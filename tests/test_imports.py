@@ -49,11 +49,19 @@ class Import:
         return f"{path}:{self.line}"
 
 
+# Folders of the package that hold scripts, not modules: the benchmarks that ``latentloop bench`` runs as
+# ``__main__``; nothing imports them, and they import whatever they measure.
+SCRIPT_FOLDERS = ("benchmarks",)
+
+
 def module_files(src: Path, package: str) -> dict[str, Path]:
-    """Dotted module name -> source file, for every module of ``package`` under ``src``."""
+    """Dotted module name -> source file, for every module of ``package`` under ``src`` (the scripts of
+    :data:`SCRIPT_FOLDERS` left out)."""
     modules = {}
     for path in sorted((src / package).rglob("*.py")):
         parts = list(path.relative_to(src).with_suffix("").parts)
+        if len(parts) > 2 and parts[1] in SCRIPT_FOLDERS:
+            continue
         if parts[-1] == "__init__":
             parts.pop()
         modules[".".join(parts)] = path

@@ -12,8 +12,7 @@ from pathlib import Path
 
 from latentloop.config import load_yaml
 from latentloop.errors import UsageError
-
-PRETRAINED_DIR = Path(__file__).resolve().parent / "resources" / "pretrained"
+from latentloop.paths import PRETRAINED_DIR
 
 
 def pretrained_models(folder: Path = PRETRAINED_DIR) -> dict[str, Path]:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 
+import numpy as np
 import pytest
 
 from latentloop.cli import main
+from latentloop.tasks.base import get_task
 
 CLASSIC = "53..7....6..195....98....6.8...6...34..8.3..17...2...6.6....28....419..5....8..79"
 SOLUTION = "534678912672195348198342567859761423426853791713924856961537284287419635345286179"
@@ -115,6 +118,65 @@ def test_solve_graph_coloring(capsys, tmp_path) -> None:
     assert code == 0 and json.loads(out)["count"] == 5  # the canonical proper 3-colourings of C5
     code, out, _ = run(capsys, "solve", "graph-coloring", str(col), "--exact")
     assert code == 0 and out.startswith("3-colouring: ")
+
+
+def planted_graph(colors: int, per_color: int, p: float, seed: int) -> tuple[int, list[tuple[int, int]]]:
+    """A graph of chromatic number ``colors``: vertices split into ``colors`` classes with random edges between
+    classes (so ``colors`` colours suffice), one vertex of each class joined into a clique (so none fewer do),
+    the vertices numbered in a random order."""
+    rng = np.random.default_rng(seed)
+    n = colors * per_color
+    cls = np.arange(n) % colors
+    edges = {(u, v) for u in range(n) for v in range(u + 1, n) if cls[u] != cls[v] and rng.random() < p}
+    edges |= set(itertools.combinations(range(colors), 2))
+    order = rng.permutation(n)
+    return n, sorted((int(order[u]), int(order[v])) for u, v in edges)
+
+
+def test_solve_graph_coloring_with_more_than_ten_colours(capsys, tmp_path) -> None:
+    n, edges = planted_graph(colors=11, per_color=5, p=0.4, seed=0)  # chromatic number 11
+    col = tmp_path / "chi11.col"
+    col.write_text(
+        f"c chromatic number 11\np edge {n} {len(edges)}\n"
+        + "".join(f"e {u + 1} {v + 1}\n" for u, v in edges)
+    )
+    code, out, _ = run(capsys, "solve", "graph-coloring", str(col), "--exact", "--colors", "11", "--json")
+    result = json.loads(out)
+    assert code == 0 and result["colorable"] and len(set(result["coloring"])) == 11
+    task = get_task("graph-coloring", colors=11)
+    graph = task.parse(str(col))
+    assert graph.n == 55 and task.verify(graph, tuple(result["coloring"]))
+    code, out, _ = run(capsys, "solve", "graph-coloring", str(col), "--exact", "--colors", "11")
+    answer = out.strip().removeprefix("11-colouring: ")
+    assert code == 0 and "," in answer  # colour 10 is written with separators
+    code, out, _ = run(capsys, "check", "graph-coloring", str(col), answer, "--colors", "11", "--json")
+    assert code == 0 and json.loads(out) == {"valid": True, "violations": 0}
+    # Ten colours: refused as uncolourable, as any graph without a colouring is.
+    code, out, _ = run(capsys, "solve", "graph-coloring", str(col), "--exact", "--colors", "10", "--json")
+    assert code == 1 and json.loads(out)["colorable"] is False and json.loads(out)["finished"]
+    code, out, _ = run(capsys, "solve", "graph-coloring", str(col), "--exact", "--colors", "10")
+    assert code == 1 and out.strip() == "no 10-colouring exists"
+    # A learned model's vocabulary caps the colours, and its error says so.
+    code, out, err = run(
+        capsys, "data", "build", "graph-coloring", "--colors", "11", "--out", str(tmp_path / "d")
+    )
+    _assert_usage_error(code, out, err)
+    assert "for a learned model" in err and not (tmp_path / "d").exists()
+
+
+def test_solve_nqueens_infers_the_board_size_from_a_square_cell_count(capsys) -> None:
+    code, out, _ = run(capsys, "solve", "nqueens", "." * 36, "--exact", "--all", "--json")
+    result = json.loads(out)
+    six = get_task("nqueens", n=6)
+    assert code == 0 and result["count"] == 4 and len(set(result["solutions"])) == 4
+    assert all(six.verify(six.parse("." * 36), six.parse_answer(board)) for board in result["solutions"])
+    code, out, _ = run(capsys, "solve", "nqueens", "." * 36, "--exact", "--all")
+    assert code == 0 and out.strip().splitlines()[-1] == "count: 4"
+    code, out, _ = run(capsys, "check", "nqueens", "." * 36, result["solutions"][0])
+    assert code == 0 and out.strip() == "valid"
+    code, out, err = run(capsys, "solve", "nqueens", "." * 35, "--exact", "--all")
+    _assert_usage_error(code, out, err)
+    assert "square number of cells" in err and "got 35" in err
 
 
 def test_data_build(capsys, tmp_path) -> None:

@@ -112,6 +112,20 @@ def test_colouring_text_and_checks() -> None:
         task.parse_answer("01a0", graph)
 
 
+def test_any_number_of_colours_for_the_solver_and_the_verifier_ten_for_a_model() -> None:
+    task = get_task("graph-coloring", colors="12")
+    k12 = G.Graph.from_edges(12, itertools.combinations(range(12), 2))
+    [coloring] = task.solutions(k12)
+    assert coloring == tuple(range(12)) and task.verify(k12, coloring)
+    assert task.format(coloring) == "0,1,2,3,4,5,6,7,8,9,10,11"  # digits alone would be ambiguous from 10 on
+    assert task.parse_answer(task.format(coloring), k12) == coloring
+    assert task.parse_answer("0" * 12, k12) == (0,) * 12 and task.format((0, 1, 2)) == "012"
+    assert task.violations(k12, (*range(11), 12)) == 1  # colour 12 is out of range for K = 12
+    with pytest.raises(UsageError, match=r"1\.\.10 for a learned model .*solve --exact and check take any"):
+        task.encode(k12)  # a model's vocabulary: one token per colour
+    assert len(get_task("graph-coloring", colors="10").encode(G.Graph.from_edges(8, [(0, 1)]))) == 36
+
+
 def test_large_graph_search() -> None:
     # The Grötzsch-like Mycielski graph M4 (11 vertices) needs 4 colours.
     edges = [(0, 1), (1, 2), (2, 3), (3, 4), (4, 0)]

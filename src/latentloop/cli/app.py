@@ -2,6 +2,8 @@
 
 import typer
 
+import latentloop
+
 app = typer.Typer(
     name="latentloop",
     help="Models that reason by iterating in latent space: train, evaluate, generate, solve.",
@@ -10,6 +12,23 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode="markdown",  # docstrings' wrapped lines reflow to the terminal's width
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"latentloop {latentloop.__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: bool = typer.Option(
+        False, "--version", callback=_print_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    """Models that reason by iterating in latent space: train, evaluate, generate, solve."""
+
+
 data_app = typer.Typer(help="Build datasets on disk.", no_args_is_help=True)
 app.add_typer(data_app, name="data")
 

@@ -1,4 +1,4 @@
-"""``latentloop bench``: the benchmark scripts of a source checkout (``benchmarks/*.py``), run by name."""
+"""``latentloop bench``: the benchmark scripts that ship in the package (``benchmarks/*.py``), run by name."""
 
 from __future__ import annotations
 
@@ -12,25 +12,21 @@ import typer
 
 from latentloop.cli.app import app
 from latentloop.errors import UsageError
+from latentloop.paths import BENCHMARKS_DIR
 
 # --help after the name reaches the script; the command's own help is `latentloop bench --help`.
 _PASS_THROUGH = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
 
 
 def benchmarks_folder() -> Path:
-    """The ``benchmarks/`` folder: ``$LATENTLOOP_BENCHMARKS``, else the working directory's, else the one beside
-    the package's source checkout (an editable install, as ``scripts/setup.sh`` makes)."""
-    candidates = (
-        [Path(os.environ["LATENTLOOP_BENCHMARKS"])] if os.environ.get("LATENTLOOP_BENCHMARKS") else []
-    )
-    candidates += [Path.cwd() / "benchmarks", Path(__file__).resolve().parents[3] / "benchmarks"]
-    for folder in candidates:
-        if folder.is_dir() and any(folder.glob("*.py")):
-            return folder
-    raise UsageError(
-        "no benchmarks/ folder found: the benchmarks ship with latentloop's source checkout; run this from its "
-        "root or set LATENTLOOP_BENCHMARKS"
-    )
+    """The benchmark scripts: ``$LATENTLOOP_BENCHMARKS`` when set, else the ``benchmarks/`` that ships in the
+    package (in a source checkout with its editable install, the repository's ``benchmarks/``)."""
+    override = os.environ.get("LATENTLOOP_BENCHMARKS")
+    folder = Path(override) if override else BENCHMARKS_DIR
+    if not (folder.is_dir() and any(folder.glob("*.py"))):
+        where = "LATENTLOOP_BENCHMARKS" if override else "the installed package"
+        raise UsageError(f"no benchmark scripts (*.py) in {folder} ({where})")
+    return folder
 
 
 def available_benchmarks(folder: Path) -> dict[str, str]:

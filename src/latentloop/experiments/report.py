@@ -409,8 +409,14 @@ def plot_results(results: dict[str, Any], path: Path) -> None:
         _plot_time_to_accuracy(results, path, plt)
         return
     if results.get("kind") == "generation":  # the models' sample grids side by side
+        # An image is named relative to the output folder (where ``path`` goes), or by older results as given.
         grids = [(name, row["eval"].get("image")) for name, row in models.items()]
-        grids = [(name, image) for name, image in grids if image and Path(image).is_file()]
+        grids = [
+            (name, path.parent / image if (path.parent / image).is_file() else Path(image))
+            for name, image in grids
+            if image
+        ]
+        grids = [(name, image) for name, image in grids if image.is_file()]
         if not grids:
             return
         fig, axes = plt.subplots(1, len(grids), figsize=(4.2 * len(grids), 4.4), squeeze=False)

@@ -4,6 +4,12 @@ results and the report into the output folder.
 Each step stores what it produced in the model's folder (``train.json``, ``eval.json``, ``sample.json``, and
 for ``kind: time-to-accuracy`` ``curve.json``, one point per checkpoint), so a rerun resumes an interrupted run
 and skips what has finished with the same settings.
+
+The paths written into these files and ``results.json`` are relative, so the files read the same on any
+machine: a run's own files (``run``, ``checkpoint``, ``written``, ``image``, a fitted value head's ``file``)
+relative to the output folder (``gram/checkpoints/step_00000100``), a model's run config relative to the
+experiment file (``../nqueens8-gram.yaml``, as the file names it), and the experiment file as
+``configs/experiments/NAME.yaml`` when it ships with latentloop (else relative to the working directory).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from latentloop.experiments.spec import EvalSpec, Experiment, ModelSpec, positiv
 from latentloop.io import atomic_write_text
 from latentloop.models.reasoners import REASONERS
 from latentloop.models.recurrent_depth import RecurrentDepthLM
+from latentloop.paths import relative_path, shipped_or_relative
 from latentloop.train.checkpoint import list_checkpoints, read_trainer_state
 from latentloop.train.loop import train
 from latentloop.train.run_config import build_reasoner_config, build_run_config
@@ -46,6 +53,32 @@ def _read_json(path: Path) -> dict[str, Any] | None:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+
+
+# The keys of an evaluation's report that name files of the run (a fitted value head's under "value_fit").
+_PATH_KEYS = ("run", "checkpoint", "image")
+
+
+def _relative_to(base: Path, value: str) -> str:
+    """``value`` (a path, absolute or relative to the working directory) relative to the folder ``base``; one
+    that is relative to ``base`` already (a report read back from its file) is kept."""
+    if not Path(value).is_absolute() and (base / value).exists():
+        return value
+    return relative_path(value, base)
+
+
+def _portable(report: dict[str, Any], base: Path) -> dict[str, Any]:
+    """``report`` with the paths of the run's files relative to ``base``, the experiment's output folder."""
+    report = dict(report)
+    for key in _PATH_KEYS:
+        if isinstance(report.get(key), str):
+            report[key] = _relative_to(base, report[key])
+    if isinstance(report.get("written"), list):
+        report["written"] = [_relative_to(base, str(p)) for p in report["written"]]
+    fit = report.get("value_fit")
+    if isinstance(fit, dict) and isinstance(fit.get("file"), str):
+        report["value_fit"] = {**fit, "file": _relative_to(base, fit["file"])}
+    return report
 
 
 def _check_writable(out: Path) -> None:
@@ -85,9 +118,12 @@ def _train_model(
     progress: bool,
     log: Callable[[str], None],
     lm: bool = False,
+    config_name: str | None = None,
 ) -> dict[str, Any]:
     """Train (or resume) one model (a reasoner, or with ``lm`` a recurrent-depth LM); its summary is stored in
-    ``train.json`` once training has finished, and a rerun with the same budget returns it untrained."""
+    ``train.json`` once training has finished, and a rerun with the same budget returns it untrained.
+    ``config_name``: the run config as the summary names it (default: its path)."""
+    config_name = config_name or str(spec.config)
     done = _read_json(folder / "train.json")
     if done is not None and done.get("overrides", []) != spec.overrides:
         raise UsageError(
@@ -96,7 +132,7 @@ def _train_model(
         )
     if done is not None and done.get("budget_minutes") == minutes:
         log(f"{spec.name}: trained already ({done['step']} steps), skipping")
-        return done
+        return {**done, "config": config_name}
     overrides = [*spec.overrides, f"train.budget_minutes={minutes}"]
     log(f"{spec.name}: training for up to {minutes:g} min in {folder}")
     if lm:
@@ -113,7 +149,7 @@ def _train_model(
     summary = {
         "model": spec.name,
         "arch": arch,
-        "config": str(spec.config),
+        "config": config_name,
         "overrides": spec.overrides,
         "budget_minutes": minutes,
         "parameters": parameters,
@@ -137,10 +173,11 @@ def _evaluate_lm(spec: ModelSpec, folder: Path, settings: EvalSpec, log: Callabl
         and report.get("limit") == settings.limit
     ):
         log(f"{spec.name}: evaluated already, skipping")
-        return report
+        return _portable(report, folder.parent)
     log(f"{spec.name}: evaluating at depths {', '.join(map(str, settings.depths))}")
     report = evaluate_lm(folder, settings.depths, limit=settings.limit)
     report["limit"] = settings.limit
+    report = _portable(report, folder.parent)
     _write_json(folder / "eval.json", report)
     return report
 
@@ -155,10 +192,11 @@ def _sample_model(spec: ModelSpec, folder: Path, settings: EvalSpec, log: Callab
         and report.get("temperature", 1.0) == settings.temperature
     ):
         log(f"{spec.name}: sampled already, skipping")
-        return report
+        return _portable(report, folder.parent)
     log(f"{spec.name}: drawing {settings.samples} unconditional samples")
     # images: MODEL/samples.png
     report = sample_run(folder, settings.samples, None, 0, settings.temperature, 256, None, None)
+    report = _portable(report, folder.parent)
     _write_json(folder / "sample.json", report)
     return report
 
@@ -184,7 +222,7 @@ def _evaluate_model(
         and report.get("value_fit", {}).get("steps", 0) == fit_steps
     ):
         log(f"{spec.name}: evaluated already, skipping")
-        return report
+        return _portable(report, folder.parent)
     value_fit = _fit_value(spec, folder, fit_steps, settings, log, progress) if fit_steps else None
     log(f"{spec.name}: evaluating ({settings.samples} samples, steps 1..{steps or 'model default'})")
     report = evaluate_reasoner(
@@ -201,6 +239,7 @@ def _evaluate_model(
     report["limit"], report["requested_steps"] = settings.limit, steps
     if value_fit is not None:
         report["value_fit"] = value_fit
+    report = _portable(report, folder.parent)
     _write_json(folder / "eval.json", report)
     return report
 
@@ -437,7 +476,15 @@ def run_experiment(
     rows: dict[str, Any] = {}
     for index, spec in enumerate(_trained_specs(experiment)):
         folder = out / spec.name
-        train = _train_model(spec, folder, round(per_model, 4), progress, log, lm=experiment.kind == "lm")
+        train = _train_model(
+            spec,
+            folder,
+            round(per_model, 4),
+            progress,
+            log,
+            lm=experiment.kind == "lm",
+            config_name=_relative_config(spec.config, experiment),
+        )
         if experiment.kind == TIME_TO_ACCURACY:
             rows[spec.name] = _time_to_accuracy_row(experiment, index, folder, train, log)
             continue
@@ -452,7 +499,7 @@ def run_experiment(
         "experiment": experiment.name,
         "kind": experiment.kind,
         "description": experiment.description,
-        "file": str(experiment.path),
+        "file": shipped_or_relative(experiment.path),
         "date": started.strftime("%Y-%m-%d"),
         "machine": machine(),
         "budget_minutes_per_model": round(per_model, 4),

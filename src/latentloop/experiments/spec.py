@@ -13,9 +13,8 @@ from typing import Any
 
 from latentloop.config import apply_overrides, load_yaml
 from latentloop.errors import UsageError
+from latentloop.paths import EXPERIMENTS_DIR  # shipped in the package: configs/experiments/
 
-# src/latentloop/experiments/spec.py -> the repository root, three folders up.
-EXPERIMENTS_DIR = Path(__file__).resolve().parents[3] / "configs" / "experiments"
 DEFAULT_EXPERIMENT = "default"
 KINDS = ("reasoners", "lm", "generation", "time-to-accuracy")
 # kind: time-to-accuracy: the metrics a target may name (percent), each first reached at some checkpoint.

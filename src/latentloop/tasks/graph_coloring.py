@@ -8,8 +8,12 @@ graph is expected:
 * an edge list of 0-based vertex pairs ``u-v`` separated by commas or spaces, e.g. ``0-1,1-2,2-0``
   (the graph has ``max id + 1`` vertices unless option ``n`` was given).
 
-An answer (colouring) is one colour ``0..K-1`` per vertex: ``"01201201"``, or separated by commas/spaces.
-A colouring is *canonical* when colours first appear in the order 0, 1, 2... over vertices 0, 1, 2...
+An answer (colouring) is one colour ``0..K-1`` per vertex: ``"01201201"``, or separated by commas/spaces
+(needed for colours from 10 on: ``"0,1,10,2"``). A colouring is *canonical* when colours first appear in the
+order 0, 1, 2... over vertices 0, 1, 2...
+
+The exact solver and the verifier take any number of colours K. A learned model has one token per colour in
+its vocabulary, and its datasets and models take at most :data:`MODEL_COLORS` colours.
 
 Tokens (length ``n(n-1)/2 + n``): the upper-triangle adjacency then one slot per vertex. 0 = pad (in
 labels: not scored), 1 = no edge, 2 = edge, 3 = unknown colour, ``4 + c`` = colour ``c``. Inputs hold the
@@ -33,6 +37,8 @@ from latentloop.errors import UsageError
 from latentloop.tasks.base import ExactSolution, Task
 
 PAD, NO_EDGE, EDGE, UNKNOWN, COLOR0 = 0, 1, 2, 3, 4
+# The most colours a learned model's vocabulary holds (token 4 + c for colour c); the exact solver has no cap.
+MODEL_COLORS = 10
 
 
 @dataclass(frozen=True)
@@ -155,7 +161,10 @@ def parse_coloring(text: str, n: int, colors: int) -> tuple[int, ...]:
     if len(parts) == 1 and len(parts[0]) > 1:
         parts = list(parts[0])
     if not all(p.isdigit() for p in parts):
-        raise UsageError(f"a colouring is one colour number per vertex (0..{colors - 1}), got {text!r}")
+        raise UsageError(
+            f"a colouring is one colour number per vertex (0..{colors - 1}; separated by commas from 10 on), "
+            f"got {text!r}"
+        )
     if len(parts) != n:
         raise UsageError(f"the colouring has {len(parts)} entries, the graph {n} vertices")
     return tuple(int(p) for p in parts)
@@ -180,6 +189,7 @@ def conflicts(graph: Graph, coloring: tuple[int, ...] | np.ndarray) -> int:
 @functools.lru_cache(maxsize=8)
 def canonical_colorings(n: int, colors: int) -> np.ndarray:
     """Every canonical colouring of ``n`` vertices with at most ``colors`` colours, as ``[M, n]`` (cached)."""
+    colors = min(colors, n)  # a canonical colouring of n vertices uses at most n colours
     table = np.zeros((1, 0), dtype=np.int8)
     highest = np.full(1, -1)
     for _ in range(n):
@@ -209,6 +219,7 @@ def color_graph(graph: Graph, colors: int, limit: int | None = 1, max_nodes: int
     broken by opening at most one new colour per step, so each partition into colour classes is met once.
     ``finished`` is False when the search stopped after ``max_nodes`` nodes without settling the question.
     """
+    colors = min(colors, graph.n)  # a canonical colouring uses at most one colour per vertex
     neighbours = graph.neighbours()
     color = [-1] * graph.n
     banned = [0] * graph.n  # bit c set: a neighbour already has colour c
@@ -235,7 +246,7 @@ def color_graph(graph: Graph, colors: int, limit: int | None = 1, max_nodes: int
                 if best_key is None or key < best_key:
                     best, best_key = v, key
         allowed = full & ~banned[best] & ((1 << min(opened + 1, colors)) - 1)
-        for c in range(colors):
+        for c in range(min(opened + 1, colors)):
             if not (allowed >> c) & 1:
                 continue
             color[best] = c
@@ -267,12 +278,14 @@ def color_graph(graph: Graph, colors: int, limit: int | None = 1, max_nodes: int
 # ----------------------------------------------------------------------------------------------------------
 
 
-def _int_option(name: str, value: Any, low: int, high: int) -> int:
+def _int_option(name: str, value: Any, low: int, high: int | None = None) -> int:
     try:
         number = int(value)
     except (TypeError, ValueError):
         raise UsageError(f"option {name} must be an integer, got {value!r}") from None
-    if not low <= number <= high:
+    if high is None and number < low:
+        raise UsageError(f"option {name} must be at least {low}, got {number}")
+    if high is not None and not low <= number <= high:
         raise UsageError(f"option {name} must be in {low}..{high}, got {number}")
     return number
 
@@ -280,7 +293,8 @@ def _int_option(name: str, value: Any, low: int, high: int) -> int:
 class GraphColoringTask(Task):
     """K-colouring of Erdős–Rényi graphs G(n, p), kept only when K-colourable (GRAM protocol).
 
-    Options: ``n`` (vertices, default 8), ``colors`` (K, default 3), ``p`` (edge probability, default 0.5),
+    Options: ``n`` (vertices, default 8), ``colors`` (K, default 3; any number for ``solve --exact`` and
+    ``check``, at most :data:`MODEL_COLORS` for datasets and models), ``p`` (edge probability, default 0.5),
     ``train_size``/``test_size`` (distinct graphs, default 7000 / 255 as in GRAM for n = 8).
     """
 
@@ -299,7 +313,7 @@ class GraphColoringTask(Task):
     ) -> None:
         self.n_given = n is not None
         self.n = _int_option("n", 8 if n is None else n, 2, 12)  # datasets enumerate all K^n colourings
-        self.colors = _int_option("colors", colors, 1, 10)
+        self.colors = _int_option("colors", colors, 1)
         try:
             self.p = float(p)
         except (TypeError, ValueError):
@@ -359,8 +373,18 @@ class GraphColoringTask(Task):
                 yield inputs, self.encode(tuple(int(c) for c in coloring)), index, index, None
 
     # -- tokens and checks ------------------------------------------------------------------------------
+    def check_model_colors(self) -> None:
+        """A one-line error unless a learned model's vocabulary can hold the task's colours (its tokens, its
+        datasets and models need it; the exact solver and the verifier do not)."""
+        if self.colors > MODEL_COLORS:
+            raise UsageError(
+                f"option colors must be in 1..{MODEL_COLORS} for a learned model (its vocabulary has one token "
+                f"per colour), got {self.colors}; solve --exact and check take any number of colours"
+            )
+
     def encode(self, puzzle: Graph | tuple[int, ...]) -> np.ndarray:
         """A graph -> adjacency tokens and unknown colours; a colouring -> pad over the adjacency, then colours."""
+        self.check_model_colors()
         tokens = np.full(self.seq_len, PAD, dtype=np.uint8)
         if isinstance(puzzle, Graph):
             if puzzle.n != self.n:
@@ -445,10 +469,11 @@ class GraphColoringTask(Task):
         return parse_coloring(text, puzzle.n if puzzle is not None else self.n, self.colors)
 
     def format(self, answer: tuple[int, ...] | Graph, pretty: bool = False) -> str:
-        """Colours as digits, or a graph as its edge list (one line either way)."""
+        """Colours as digits (separated by commas when one is 10 or more), or a graph as its edge list (one
+        line either way)."""
         if isinstance(answer, Graph):
             return ",".join(f"{u}-{v}" for u, v in answer.edges)
-        return "".join(str(c) for c in answer)
+        return ("," if max(answer, default=0) >= 10 else "").join(str(c) for c in answer)
 
     def draw(self, ax: Any, puzzle: Graph, answer: tuple[int, ...]) -> None:
         """The graph on a circle, vertices in their colours (grey: none), edges whose ends share a colour red."""

@@ -116,7 +116,7 @@ def parse_board(text: str, n: int | None = None) -> np.ndarray:
         need = (
             f"{size * size} cells for {size}x{size} (option n sets the size)"
             if n is not None
-            else "a square number of cells"
+            else "a square number of cells (n x n; option n sets n)"
         )
         raise UsageError(f"an N-Queens board needs {need}, got {len(cells)}")
     bad = sorted(set(cells) - set(_QUEEN_CHARS + _EMPTY_CHARS))
@@ -142,7 +142,8 @@ def _int_list(name: str, value: Any) -> list[int]:
 
 
 class NQueensTask(Task):
-    """``n x n`` N-Queens completion. Options: ``n`` (default 8), ``k`` (queens removed, e.g. "5,6,7").
+    """``n x n`` N-Queens completion. Options: ``n`` (default 8; a board read without it takes its size from
+    its square number of cells), ``k`` (queens removed, e.g. "5,6,7").
 
     Tokens: 0 = pad, 1 = empty, 2 = queen; inputs and labels are ``n*n`` long.
     """
@@ -151,9 +152,10 @@ class NQueensTask(Task):
     multi_solution = True
     drawable = True
 
-    def __init__(self, n: int | str = 8, k: str | list[int] | None = None) -> None:
+    def __init__(self, n: int | str | None = None, k: str | list[int] | None = None) -> None:
+        self.n_given = n is not None
         try:
-            self.n = int(n)
+            self.n = int(8 if n is None else n)
         except (TypeError, ValueError):
             raise UsageError(f"option n must be an integer, got {n!r}") from None
         if not 1 <= self.n <= 14:
@@ -224,7 +226,8 @@ class NQueensTask(Task):
         """Tokens ``[n*n]``: 1 empty, 2 queen."""
         board = np.asarray(puzzle, dtype=bool)
         if board.shape != (self.n, self.n):
-            raise UsageError(f"not a {self.n}x{self.n} board")
+            shape = "x".join(map(str, board.shape))
+            raise UsageError(f"the board is {shape}, the task's {self.n}x{self.n} (option n sets the size)")
         return np.where(board.reshape(-1), QUEEN, EMPTY).astype(np.uint8)
 
     def decode(self, tokens: np.ndarray) -> np.ndarray:
@@ -268,16 +271,18 @@ class NQueensTask(Task):
         return ExactSolution(payload, text, True)
 
     def parse(self, text: str) -> np.ndarray:
-        """A puzzle board; given queens that attack each other are an error."""
-        board = parse_board(text, self.n)
+        """A puzzle board (of side ``n`` when the option is given, else of its own square size); given queens
+        that attack each other are an error."""
+        board = parse_board(text, self.n if self.n_given else None)
         if attacking_pairs(board):
             where = [tuple(q) for q in np.argwhere(board).tolist()]
             raise UsageError(f"the given queens attack each other (queens at rows/columns {where})")
         return board
 
     def parse_answer(self, text: str, puzzle: np.ndarray | None = None) -> np.ndarray:
-        """An answer board (attacks allowed: they make it invalid, not unreadable)."""
-        return parse_board(text, self.n)
+        """An answer board, of ``puzzle``'s size (attacks allowed: they make it invalid, not unreadable)."""
+        size = len(puzzle) if puzzle is not None else (self.n if self.n_given else None)
+        return parse_board(text, size)
 
     def format(self, answer: np.ndarray, pretty: bool = False) -> str:
         """The text form of a board: one line, or one line per row when ``pretty``."""

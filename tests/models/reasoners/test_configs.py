@@ -11,10 +11,11 @@ import pytest
 from latentloop.config import load_yaml
 from latentloop.experiments import available_experiments, load_experiment
 from latentloop.models.reasoners import REASONERS, build_reasoner, num_parameters
+from latentloop.paths import CONFIGS_DIR
 from latentloop.tasks.base import get_task
 from latentloop.train.run_config import build_reasoner_config, build_run_config, fit_to_task
 
-CONFIGS = Path(__file__).resolve().parents[3] / "configs"
+CONFIGS = CONFIGS_DIR  # shipped in the package; the repository's configs/ links to it
 TABLES = ("nqueens8", "graph-coloring8", "sudoku", "arc-agi-1")  # one results table per task
 MULTI_SOLUTION = ("nqueens8", "graph-coloring8")  # their tables have the generative baselines too
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 import platform
 import statistics
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -33,21 +32,20 @@ from latentloop.errors import ArgumentParser
 from latentloop.infer.scaling import solve
 from latentloop.io import emit_json_report
 from latentloop.models.reasoners import Reasoner, build_reasoner, num_parameters
+from latentloop.paths import CONFIGS_DIR, shipped_or_relative
 from latentloop.tasks.base import Task, get_task
 from latentloop.train.run_config import build_reasoner_config, fit_to_task
 
-ROOT = Path(__file__).resolve().parent.parent
-CONFIGS = ROOT / "configs"
 ARCHS = ("ar", "mdlm", "gram")
 
 
 def build_model(arch: str, task: Task, seed: int) -> tuple[Reasoner, str]:
     """The untrained model of ``configs/nqueens8-<arch>.yaml`` (seeded) and that file's path."""
-    path = CONFIGS / f"nqueens8-{arch}.yaml"
+    path = CONFIGS_DIR / f"nqueens8-{arch}.yaml"
     config = build_reasoner_config(load_yaml(path), arch=arch)
     torch.manual_seed(seed)
     model = build_reasoner(arch, fit_to_task(config.model, task)).eval()
-    return model, str(path.relative_to(ROOT))
+    return model, shipped_or_relative(path)
 
 
 def variants(models: dict[str, Reasoner], mdlm_steps: list[int], gram_steps: int | None) -> dict[str, dict]:

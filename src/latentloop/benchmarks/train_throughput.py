@@ -19,16 +19,14 @@ from __future__ import annotations
 import json
 import platform
 import time
-from pathlib import Path
 
 import torch
 
 from latentloop.config import load_yaml
 from latentloop.errors import ArgumentParser
 from latentloop.models.recurrent_depth import RecurrentDepthConfig, RecurrentDepthLM
+from latentloop.paths import CONFIGS_DIR
 from latentloop.train.optim import build_optimizer
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def measure_peak(size: int = 2048, seconds: float = 2.0) -> float:
@@ -61,7 +59,7 @@ def flops_per_token(config: RecurrentDepthConfig, seq_len: int, no_grad: int, wi
 
 def main() -> None:
     parser = ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default=str(ROOT / "configs" / "lm-arithmetic.yaml"))
+    parser.add_argument("--config", default=str(CONFIGS_DIR / "lm-arithmetic.yaml"))
     parser.add_argument("--batch-size", type=int, default=None, help="default: the config's train.batch_size")
     parser.add_argument("--seq-len", type=int, default=12, help="12 = a 3-digit addition example")
     parser.add_argument(

@@ -32,7 +32,6 @@ import platform
 import statistics
 import time
 from itertools import islice
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -44,22 +43,20 @@ from latentloop.infer.scaling import solve
 from latentloop.io import emit_json_report
 from latentloop.models.reasoners import REASONERS, Reasoner, build_reasoner, num_parameters
 from latentloop.nn import compile_blocks
+from latentloop.paths import CONFIGS_DIR, shipped_or_relative
 from latentloop.tasks.base import Task, get_task
 from latentloop.train.deep_supervision import next_step_continue_target, supervision_loss
 from latentloop.train.optim import build_optimizer
 from latentloop.train.puzzle_batches import train_batch
 from latentloop.train.run_config import ReasonerRunConfig, build_reasoner_config, fit_to_task
 
-ROOT = Path(__file__).resolve().parent.parent
-CONFIGS = ROOT / "configs"
-
 
 def run_config(arch: str) -> tuple[ReasonerRunConfig, str]:
     """The run config of ``arch`` on N-Queens 8x8 and the file its sizes come from."""
-    path = CONFIGS / f"nqueens8-{arch}.yaml"
-    source = path if path.is_file() else CONFIGS / "nqueens8-direct.yaml"
+    path = CONFIGS_DIR / f"nqueens8-{arch}.yaml"
+    source = path if path.is_file() else CONFIGS_DIR / "nqueens8-direct.yaml"
     config = build_reasoner_config(load_yaml(source), arch=arch)
-    return config, str(source.relative_to(ROOT))
+    return config, shipped_or_relative(source)
 
 
 def puzzle_split(task: Task, size: int, seed: int = 0) -> dict[str, np.ndarray]:
