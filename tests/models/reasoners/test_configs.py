@@ -38,7 +38,10 @@ def test_every_shipped_config_builds_its_model(path):
 
 @pytest.mark.parametrize("table", TABLES)
 def test_models_of_one_table_have_the_same_parameter_count_within_20_percent(table):
-    paths = sorted(CONFIGS.glob(f"{table}-*.yaml"))
+    # One config per architecture makes the table; variants (nqueens8-gram-long, -fast) train other recipes.
+    paths = [
+        CONFIGS / f"{table}-{arch}.yaml" for arch in REASONERS if (CONFIGS / f"{table}-{arch}.yaml").is_file()
+    ]
     counts = {path.stem.removeprefix(f"{table}-"): parameters(path) for path in paths}
     assert {"direct", "looped", "hrm", "trm", "gram"} <= set(counts), counts
     if table in MULTI_SOLUTION:
