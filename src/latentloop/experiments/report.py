@@ -364,6 +364,14 @@ def report_markdown(results: dict[str, Any], command: str | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _save_figure(fig: Any, path: Path, plt: Any) -> None:
+    """Lay ``fig`` out, write it to ``path`` as a PNG atomically, and close it."""
+    fig.tight_layout()
+    with atomic_path(path) as temp:
+        fig.savefig(temp, format="png", dpi=110)
+    plt.close(fig)
+
+
 def _plot_time_to_accuracy(results: dict[str, Any], path: Path, plt: Any) -> None:
     """Accuracy (top) and coverage (bottom) against training minutes, examples seen and FLOPs, one line per
     model, the targets dashed; points without FLOPs are left out of the FLOPs column. ``plt``: pyplot."""
@@ -390,10 +398,7 @@ def _plot_time_to_accuracy(results: dict[str, Any], path: Path, plt: Any) -> Non
     if drawn:
         drawn[0].legend(fontsize=8)
     fig.suptitle(results["experiment"])
-    fig.tight_layout()
-    with atomic_path(path) as temp:
-        fig.savefig(temp, format="png", dpi=110)
-    plt.close(fig)
+    _save_figure(fig, path, plt)
 
 
 def plot_results(results: dict[str, Any], path: Path) -> None:
@@ -424,10 +429,7 @@ def plot_results(results: dict[str, Any], path: Path) -> None:
             ax.imshow(plt.imread(image))
             ax.set_title(name)
             ax.axis("off")
-        fig.tight_layout()
-        with atomic_path(path) as temp:
-            fig.savefig(temp, format="png", dpi=110)
-        plt.close(fig)
+        _save_figure(fig, path, plt)
         return
     if results.get("kind") == "lm":
         fig, ax = plt.subplots(figsize=(4.8, 3.6))
@@ -440,10 +442,7 @@ def plot_results(results: dict[str, Any], path: Path) -> None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
         fig.suptitle(results["experiment"])
-        fig.tight_layout()
-        with atomic_path(path) as temp:
-            fig.savefig(temp, format="png", dpi=110)
-        plt.close(fig)
+        _save_figure(fig, path, plt)
         return
     has_cov = any("coverage" in row["eval"] for row in models.values())
     panels = 3 if has_cov else 2
@@ -467,10 +466,7 @@ def plot_results(results: dict[str, Any], path: Path) -> None:
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
     fig.suptitle(results["experiment"])
-    fig.tight_layout()
-    with atomic_path(path) as temp:
-        fig.savefig(temp, format="png", dpi=110)
-    plt.close(fig)
+    _save_figure(fig, path, plt)
 
 
 def plot_example_boards(results: dict[str, Any], out: Path) -> None:
