@@ -131,6 +131,8 @@ def test_a_config_file_that_is_not_a_mapping(tmp_path, capsys):
         "train.curriculum=[{until: 0.5, depth: 2}]",
         "train.curriculum=5",
         "train.step_weight_decay=1.5",
+        "train.validation=-1",
+        "train.validation=100000",
     ],
 )
 def test_a_bad_curriculum_or_step_weight_is_one_line_and_writes_nothing(tmp_path, capsys, override):
@@ -138,5 +140,5 @@ def test_a_bad_curriculum_or_step_weight_is_one_line_and_writes_nothing(tmp_path
     config.write_text(yaml.safe_dump(REASONER))
     out = tmp_path / "fresh"
     line = _train(capsys, config, out, override)
-    assert "train.curriculum" in line or "train.step_weight_decay" in line
+    assert any(key in line for key in ("train.curriculum", "train.step_weight_decay", "validation"))
     assert not out.exists()

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from latentloop.data.dataset import build_dataset, load_dataset
+from latentloop.data.dataset import ARRAYS, build_dataset, load_dataset
 from latentloop.errors import UsageError
 from latentloop.tasks import get_task
 from latentloop.tasks.nqueens import NQueensTask
@@ -96,3 +96,33 @@ def test_load_errors(tmp_path) -> None:
     (tmp_path / "metadata.json").write_text('{"format": "other"}')
     with pytest.raises(UsageError):
         load_dataset(tmp_path)
+
+
+def test_validation_split_holds_out_the_last_training_groups(tmp_path) -> None:
+    task = get_task("sudoku", n=4, augment=2)
+    build_dataset(task, tmp_path / "whole", size=10, test_size=3, seed=5)
+    metadata = build_dataset(task, tmp_path / "held", size=10, test_size=3, seed=5, validation=3)
+    whole, held = load_dataset(tmp_path / "whole"), load_dataset(tmp_path / "held")
+    train, validation = held.split("train"), held.split("validation")
+    assert metadata["counts"]["validation"] == {"rows": 9, "puzzles": 9, "groups": 3}  # 3 copies each
+    assert metadata["counts"]["train"]["groups"] == 7
+    # Every augmented copy of a held-out puzzle leaves train: no group is in both.
+    assert not set(train["groups"].tolist()) & set(validation["groups"].tolist())
+    # The two splits are the whole training split, cut at its last three groups; test is untouched.
+    original = whole.split("train")
+    last = list(dict.fromkeys(original["groups"].tolist()))[-3:]
+    assert sorted(set(validation["groups"].tolist())) == sorted(last)
+    rows = np.concatenate([train["inputs"], validation["inputs"]])
+    assert sorted(map(bytes, rows)) == sorted(map(bytes, original["inputs"]))
+    for name in ARRAYS:
+        assert (held.split("test")[name] == whole.split("test")[name]).all()
+    with pytest.raises(UsageError, match=r"no validation split.*train\.validation"):
+        whole.split("validation")
+
+
+@pytest.mark.parametrize("validation, message", [(-1, "at least 0"), (10, "leaves nothing to train on")])
+def test_impossible_validation_split(tmp_path, validation, message) -> None:
+    task = get_task("sudoku", n=4)
+    with pytest.raises(UsageError, match=message):
+        build_dataset(task, tmp_path / "out", size=10, test_size=3, validation=validation)
+    assert not (tmp_path / "out").exists()

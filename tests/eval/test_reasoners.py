@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import torch
 
@@ -55,3 +57,26 @@ def test_the_progress_bar_counts_every_puzzle_on_stderr_only_when_asked(gram_run
     assert "gram: evaluating" in err and f"0/{report['puzzles']}" in err  # the bar's total: every puzzle
     evaluate_reasoner(gram_run, samples=2, steps=1, write=False, progress=False)
     assert capsys.readouterr().err == ""
+
+
+def test_a_run_with_a_validation_split_evaluates_there_and_keeps_test_for_the_report(tmp_path):
+    from latentloop.data.dataset import load_dataset
+    from latentloop.eval.reasoners import unique_puzzles
+    from latentloop.train.loop import train
+    from latentloop.train.run_config import build_reasoner_config
+    from tests.tiny import TINY_REASONER, tiny_run
+
+    run = tmp_path / "run"
+    data = tiny_run(TINY_REASONER, arch="gram", model={"cycles": 1, "inner": 1}, train={"steps": 2})
+    data["train"]["validation"] = 3
+    train(build_reasoner_config(data), run)
+    dataset = load_dataset(run / "data")
+    held = {bytes(x) for x in unique_puzzles(dataset.split("validation"), None)}
+    assert len(held) == 3 and not held & {bytes(x) for x in dataset.split("train")["inputs"]}
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["split"] for r in records if r["kind"] == "eval"] == ["validation"]  # tuned on, not test
+
+    validation = evaluate_reasoner(run, samples=2, steps=1, write=False, split="validation")
+    test = evaluate_reasoner(run, samples=2, steps=1, write=False)
+    assert validation["split"] == "validation" and validation["puzzles"] == 3
+    assert "split" not in test and test["puzzles"] == dataset.metadata["counts"]["test"]["puzzles"]

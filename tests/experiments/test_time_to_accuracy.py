@@ -49,6 +49,7 @@ def write_experiment(folder, **changes):
         ({"eval": {"every": 0}}, r"eval\.every must be an integer of at least 1"),
         ({"eval": {"every": 2.5}}, r"eval\.every must be an integer of at least 1"),
         ({"eval": {"every": "often"}}, r"eval\.every must be an integer of at least 1"),
+        ({"eval": {"split": "train"}}, r"eval\.split must be test or validation"),
     ],
 )
 def test_bad_targets_and_every_are_one_line_usage_errors(tmp_path, changes, message):
@@ -185,6 +186,21 @@ def test_every_checkpoint_is_evaluated_once_and_reported(tmp_path, monkeypatch):
     # Another checkpoint spacing would mix two runs: refused like any other change of overrides.
     with pytest.raises(UsageError, match="trained with overrides"):
         run_experiment(load_experiment(str(path), ["eval.every=1"]), out, **QUIET)
+
+
+def test_a_curve_on_the_validation_split_never_reads_the_test_puzzles(tmp_path, monkeypatch):
+    calls = count_evaluations(monkeypatch)
+    path = write_experiment(tmp_path)
+    experiment = load_experiment(
+        str(path), ["train.validation=2", "eval.split=validation", "eval.limit=null"]
+    )
+    results = run_experiment(experiment, tmp_path / "out", **QUIET)
+    assert len(calls) == 4
+    for row in results["models"].values():
+        assert [p["puzzles"] for p in row["curve"]] == [2, 2]  # the held-out training puzzles, not test's
+    cached = json.loads((tmp_path / "out" / "baseline" / "curve.json").read_text())
+    assert cached["settings"]["split"] == "validation"
+    assert "2 validation puzzles" in (tmp_path / "out" / "report.md").read_text()
 
 
 def test_report_of_hand_built_results_says_not_reached_and_the_differences():

@@ -178,6 +178,11 @@ def eval_command(
     halt: bool = typer.Option(
         False, "--halt", help="Puzzle models: a sample keeps its answer from the step its Q-head halts at."
     ),
+    split: str = typer.Option(
+        "test",
+        "--split",
+        help="Puzzle models: test, or validation (the training puzzles held out by train.validation).",
+    ),
     json_output: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
     """Held-out accuracy (or perplexity) at each test-time depth; writes eval.json, eval.md, eval_depth.png.
@@ -185,6 +190,8 @@ def eval_command(
     depths = _parse_depths(num_steps)
     if limit is not None and limit < 1:
         raise UsageError(f"--limit must be positive, got {limit}")
+    if split not in ("test", "validation"):
+        raise UsageError(f"--split must be test or validation, got {split!r}")
     from latentloop.families import REASONER, family_of_run
 
     if family_of_run(run) is REASONER:
@@ -202,12 +209,15 @@ def eval_command(
             temperature=temperature,
             seed=seed,
             halt=halt,
+            split=split,
         )
         typer.echo(json.dumps(report) if json_output else reasoner_table(report).rstrip())
         if not json_output:
             for path in report.get("written", []):
                 typer.echo(f"wrote {path}")
         return
+    if split != "test":
+        raise UsageError("--split is for puzzle models; a language model is evaluated on its held-out text")
     from latentloop.eval.lm import evaluate_lm, markdown_table
 
     report = evaluate_lm(run, depths, batch_size=batch_size, limit=limit, init_scale=init_scale, task=task)

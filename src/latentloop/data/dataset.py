@@ -10,6 +10,8 @@ Layout of a dataset folder::
     train/groups.npy              int32 [rows]            the original problem: augmented copies and all
                                                           completions of one input share a group
     test/...                      the same
+    validation/...                the same, when built with ``validation`` > 0: training puzzles held out of
+                                  train/ (every row of their group), to tune on without touching test/
 
 Rows come from the task's ``records(split, seed, size)``, which yields ``(inputs, labels, puzzle_key,
 group_key, info)`` (by default from ``examples()``, one puzzle per distinct input). Keys are scoped to their
@@ -39,7 +41,7 @@ from latentloop.tasks.base import Task
 
 FORMAT = "latentloop-puzzles"
 VERSION = 1
-SPLITS = ("train", "test")
+SPLITS = ("train", "validation", "test")
 ARRAYS = ("inputs", "labels", "puzzle_ids", "groups")
 #: Default number of training puzzles for tasks that generate without end (Sudoku).
 DEFAULT_ENDLESS_SIZE = 1000
@@ -92,6 +94,19 @@ def _collect(
     }
 
 
+def _hold_out(
+    train: dict[str, np.ndarray], groups: int
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """``train`` split into (the rest, its last ``groups`` groups in order of first appearance)."""
+    order = list(dict.fromkeys(train["groups"].tolist()))
+    if groups >= len(order):
+        raise UsageError(
+            f"a validation split of {groups} puzzles leaves nothing to train on ({len(order)} in the train split)"
+        )
+    held = np.isin(train["groups"], order[-groups:])
+    return {k: v[~held] for k, v in train.items()}, {k: v[held] for k, v in train.items()}
+
+
 def _counts(arrays: dict[str, np.ndarray]) -> dict[str, int]:
     return {
         "rows": len(arrays["inputs"]),
@@ -110,11 +125,15 @@ def build_dataset(
     force: bool = False,
     progress: bool | None = None,
     spec: dict[str, Any] | None = None,
+    validation: int = 0,
 ) -> dict[str, Any]:
     """Build ``task``'s train and test splits into folder ``out`` and return the metadata.
 
     ``size``/``test_size`` cap the puzzles (distinct inputs) per split; tasks that generate without end get
-    ``size`` 1000 and ``test_size`` 15/85 of it by default. The folder appears complete or not at all: it is
+    ``size`` 1000 and ``test_size`` 15/85 of it by default. ``validation`` > 0 moves the last that many
+    groups of the training split (an original problem with all its completions and copies) into a
+    ``validation`` split, so settings can be tuned on problems the model never trains on while the test split
+    stays untouched. The folder appears complete or not at all: it is
     written beside ``out`` and renamed into place (an existing ``out`` is replaced only with ``force``).
     ``progress`` None shows a bar when stderr is a terminal. ``spec`` is recorded in the metadata.
     """
@@ -129,6 +148,8 @@ def build_dataset(
     for name, value in (("--size", size), ("--test-size", test_size)):
         if value is not None and value < 1:
             raise UsageError(f"{name} must be at least 1, got {value}")
+    if validation < 0:
+        raise UsageError(f"the validation split must hold at least 0 puzzles, got {validation}")
 
     puzzle_ids, group_ids = _Ids(), _Ids()
     info: dict[int, Any] = {}
@@ -139,6 +160,9 @@ def build_dataset(
             total=cap, desc=f"{task.name} {split}", unit="puzzle", disable=not show, leave=False
         ) as bar:
             splits[split] = _collect(_records(task, split, seed, cap), puzzle_ids, group_ids, info, bar)
+    if validation:
+        splits["train"], splits["validation"] = _hold_out(splits["train"], validation)
+    splits = {name: splits[name] for name in SPLITS if name in splits}
 
     metadata = {
         "format": FORMAT,
@@ -199,6 +223,10 @@ class PuzzleDataset:
         """``{"inputs", "labels", "puzzle_ids", "groups"}`` of split ``name``."""
         if name not in SPLITS:
             raise UsageError(f"split must be one of {', '.join(SPLITS)}, got {name!r}")
+        if name not in self.metadata.get("counts", {}):
+            raise UsageError(
+                f"dataset {self.path} has no {name} split (a run builds one with train.validation=N)"
+            )
         return {a: np.load(self.path / name / f"{a}.npy", mmap_mode="r") for a in ARRAYS}
 
 

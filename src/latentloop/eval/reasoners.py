@@ -195,9 +195,11 @@ def evaluate_reasoner(
     progress: bool | None = None,
     label: str = "evaluating",
     halt: bool = False,
+    split: str = "test",
     **_: Any,
 ) -> dict[str, Any]:
-    """Evaluate a run's newest checkpoint on its test split; writes the reports into the run folder.
+    """Evaluate a run's newest checkpoint on its test split (or ``split``: ``validation``, the training
+    puzzles a run with ``train.validation`` held out); writes the reports into the run folder.
     ``temperature`` is the sampling temperature of the AR and MDLM baselines (0: greedy) and the scale of GRAM's
     prior noise (0: the prior's mean); ``seed`` seeds the models' sampling noise, so the same call gives the
     same report (the caller's RNG state is kept). ``halt``: each sample keeps the answer of the step at which
@@ -214,10 +216,10 @@ def evaluate_reasoner(
                 raise UsageError("--halt is not available for ARC runs: they are evaluated at a fixed depth")
             puzzles = dataset.metadata.get("puzzles", {})
             report = evaluate_arc(
-                model, the_task, dataset.split("test"), puzzles, samples, steps, select, batch_size, limit
+                model, the_task, dataset.split(split), puzzles, samples, steps, select, batch_size, limit
             )
         else:
-            inputs = unique_puzzles(dataset.split("test"), limit)
+            inputs = unique_puzzles(dataset.split(split), limit)
             report = evaluate_model(
                 model,
                 the_task,
@@ -232,6 +234,8 @@ def evaluate_reasoner(
                 halt=halt,
             )
     report = {"run": str(run), "checkpoint": str(checkpoint), "model": model.arch, "seed": seed, **report}
+    if split != "test":
+        report["split"] = split
     # Which value head ranked the samples: the one trained with the model, or one fitted to its samples.
     report["value_head"] = "fitted" if isinstance(model.value_head, SequenceValueHead) else "trained"
     if write:

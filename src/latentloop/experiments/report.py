@@ -230,7 +230,8 @@ def _time_to_accuracy_report_markdown(results: dict[str, Any], command: str | No
     ev, targets = results["eval"], results.get("targets", {})
     rows = summary_rows(results)
     curves = [row["curve"] for row in results["models"].values() if row["curve"]]
-    puzzles = f"{curves[0][-1]['puzzles']} test puzzles, " if curves else ""
+    split = ev.get("split", "test")
+    puzzles = f"{curves[0][-1]['puzzles']} {split} puzzles, " if curves else ""
     details = (
         f"; a checkpoint every {ev['every']} batches, each evaluated on {puzzles}{ev['samples']} samples, "
         f"{ev['steps']} steps"
@@ -284,7 +285,7 @@ def report_markdown(results: dict[str, Any], command: str | None = None) -> str:
     has_cov = any(r["coverage"] is not None for r in rows)
     has_conf = any(r["conflicts_total"] is not None for r in rows)
     first = next(iter(results["models"].values()))["eval"]
-    details = f"; {first['puzzles']} test puzzles, {ev['samples']} samples, {ev['steps']} steps"
+    details = f"; {first['puzzles']} {ev.get('split', 'test')} puzzles, {ev['samples']} samples, {ev['steps']} steps"
     if ev.get("temperature", 1.0) != 1.0:
         details += f", sampling temperature {ev['temperature']}"
     if first.get("metric"):  # ARC: accuracy is pass@2 over the augmented copies of each test input

@@ -220,6 +220,7 @@ def _evaluate_model(
         and report.get("temperature", 1.0) == settings.temperature
         and report.get("requested_steps", report.get("steps")) == steps
         and report.get("value_fit", {}).get("steps", 0) == fit_steps
+        and report.get("split", "test") == settings.split
     ):
         log(f"{spec.name}: evaluated already, skipping")
         return _portable(report, folder.parent)
@@ -235,6 +236,7 @@ def _evaluate_model(
         temperature=settings.temperature,
         progress=None if progress else False,
         label=f"{spec.name}: evaluating",
+        split=settings.split,
     )
     report["limit"], report["requested_steps"] = settings.limit, steps
     if value_fit is not None:
@@ -272,7 +274,7 @@ def _eval_steps(arch: str, settings: EvalSpec) -> int | None:
 
 
 def evaluate_checkpoint(checkpoint: Path, arch: str, settings: EvalSpec) -> dict[str, Any]:
-    """One point of a time-to-accuracy curve: ``checkpoint`` evaluated on the test split, beside what its
+    """One point of a time-to-accuracy curve: ``checkpoint`` evaluated on ``settings.split``, beside what its
     training had cost by then (from its ``trainer_state.json``).
 
     Accuracies and coverage are fractions, as in the other reports: ``accuracy`` is the vote over all
@@ -290,6 +292,7 @@ def evaluate_checkpoint(checkpoint: Path, arch: str, settings: EvalSpec) -> dict
         temperature=settings.temperature,
         write=False,
         progress=False,
+        split=settings.split,
     )
     by_select = report["accuracy_by_select"]
     flops = state.get("flops")
@@ -322,6 +325,8 @@ def _evaluate_curve(
         "seed": settings.seed,
         "temperature": settings.temperature,
     }
+    if settings.split != "test":  # caches written before eval.split existed stay valid
+        wanted["split"] = settings.split
     cache = _read_json(folder / "curve.json")
     points: dict[str, dict[str, Any]] = {}
     if cache is not None and cache.get("settings") == wanted and isinstance(cache.get("points"), dict):

@@ -44,6 +44,8 @@ class EvalSpec:
     fit_value: int = 0
     depths: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32])  # kind: lm only
     every: int = 250  # kind: time-to-accuracy only: a checkpoint (and its evaluation) every this many batches
+    # Puzzle models: "validation" evaluates on training puzzles held out by train.validation, for tuning
+    split: str = "test"
 
 
 @dataclass
@@ -153,7 +155,18 @@ def load_experiment(name_or_path: str, overrides: Sequence[str] = ()) -> Experim
         own = [str(o) for o in entry.get("overrides") or []]
         specs.append(ModelSpec(str(model), config, [*own, *run_overrides]))
     raw_eval = data.get("eval") or {}
-    known = {"samples", "steps", "limit", "select", "seed", "temperature", "depths", "fit_value", "every"}
+    known = {
+        "samples",
+        "steps",
+        "limit",
+        "select",
+        "seed",
+        "temperature",
+        "depths",
+        "fit_value",
+        "every",
+        "split",
+    }
     unknown = set(raw_eval) - known
     if unknown:
         raise UsageError(f"{path}: unknown eval keys {', '.join(sorted(unknown))}")
@@ -170,6 +183,8 @@ def load_experiment(name_or_path: str, overrides: Sequence[str] = ()) -> Experim
     if int(evaluation.fit_value) < 0:
         raise UsageError(f"{path}: eval.fit_value must be at least 0")
     _check_every(evaluation.every, path)
+    if evaluation.split not in ("test", "validation"):
+        raise UsageError(f"{path}: eval.split must be test or validation, got {evaluation.split!r}")
     depths = evaluation.depths
     if not isinstance(depths, list) or not depths or not all(isinstance(d, int) and d >= 1 for d in depths):
         raise UsageError(f"{path}: eval.depths must be a list of positive integers")

@@ -207,8 +207,12 @@ class DeepSupervision(Objective):
         return record, line
 
     def evaluate(self, step: int) -> tuple[dict[str, Any], str]:
-        record = evaluate_ema(self.ema, self.task, self.data["test"], self.tc.eval_size, step, self.ctx)
+        split = "validation" if "validation" in self.data else "test"
+        record = evaluate_ema(self.ema, self.task, self.data[split], self.tc.eval_size, step, self.ctx)
         line = f"eval step {step}: accuracy {record['accuracy']:.4f} (1 sample, {record['num_steps']} steps)"
+        if split == "validation":
+            record["split"] = split
+            line += " on the validation split"
         return record, line
 
     def saved_parts(self, optimizer: torch.optim.Optimizer) -> tuple[Any, torch.optim.Optimizer]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import math
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -97,8 +98,14 @@ def train(
     if not ctx.is_main:
         progress, log = False, None
     objective = OBJECTIVES[type(config)](config, task, out, ctx, device)
+    fresh = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
-    objective.setup()
+    try:
+        objective.setup()
+    except UsageError:
+        if fresh and ctx.is_main:  # a config the data refuses leaves no run folder behind
+            shutil.rmtree(out, ignore_errors=True)
+        raise
 
     seed_everything(tc.seed)
     found = dist.broadcast_object(str(latest_checkpoint(out) or ""), ctx)  # rank 0 picks it for all

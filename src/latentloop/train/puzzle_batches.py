@@ -16,11 +16,20 @@ from latentloop.train.run_config import ReasonerRunConfig
 
 
 def task_data(config: ReasonerRunConfig, task: Task, out: Path) -> dict[str, dict[str, np.ndarray]]:
-    """The train/test arrays of ``task``: ``train.data`` if given, else built once into ``OUT/data``."""
+    """The train/test (and validation, with ``train.validation``) arrays of ``task``: ``train.data`` if
+    given, else built once into ``OUT/data``."""
     tc = config.train
     folder = Path(tc.data) if tc.data else out / "data"
     if not tc.data and not (folder / "metadata.json").is_file():
-        build_dataset(task, folder, size=tc.train_size, test_size=tc.test_size, seed=tc.seed, progress=False)
+        build_dataset(
+            task,
+            folder,
+            size=tc.train_size,
+            test_size=tc.test_size,
+            seed=tc.seed,
+            progress=False,
+            validation=tc.validation,
+        )
     dataset = load_dataset(folder)
     meta = dataset.metadata
     if meta.get("task") != task.name or int(meta.get("seq_len", -1)) != task.seq_len:
@@ -28,7 +37,14 @@ def task_data(config: ReasonerRunConfig, task: Task, out: Path) -> dict[str, dic
             f"dataset {folder} holds {meta.get('task')!r} with seq_len {meta.get('seq_len')}, "
             f"the config asks for {task.name!r} with seq_len {task.seq_len}"
         )
-    return {s: {k: np.asarray(v) for k, v in dataset.split(s).items()} for s in ("train", "test")}
+    held = meta["counts"].get("validation", {}).get("groups", 0)
+    if held != tc.validation:
+        raise UsageError(
+            f"dataset {folder} holds {held} validation puzzles, the config asks for train.validation="
+            f"{tc.validation}"
+        )
+    splits = ("train", "validation", "test") if held else ("train", "test")
+    return {s: {k: np.asarray(v) for k, v in dataset.split(s).items()} for s in splits}
 
 
 def train_batch(

@@ -103,6 +103,9 @@ class ReasonerTrainConfig(TrainConfig):
     halt_exploration: float = 0.1  # chance per step that a sample is held for a random 2..n_sup steps
     train_size: int | None = None
     test_size: int | None = None
+    # Training puzzles held out into a validation split, on which the run's own evaluations (and an experiment
+    # with eval.split: validation) are made, so settings are tuned without the test split; 0: none.
+    validation: int = 0
     data: str | None = None
     # Cheaper deep supervision (see latentloop.train.curriculum): stages of (n_sup, cycles, inner) over the
     # run, and the decay of the supervision steps' loss weights (1: all alike).
@@ -114,6 +117,10 @@ class ReasonerTrainConfig(TrainConfig):
         check_curriculum(self.curriculum)
         if not 0 < self.step_weight_decay <= 1:
             raise UsageError(f"train.step_weight_decay must be in (0, 1], got {self.step_weight_decay}")
+        if isinstance(self.validation, bool) or not isinstance(self.validation, int) or self.validation < 0:
+            raise UsageError(
+                f"train.validation must be a number of puzzles of at least 0, got {self.validation}"
+            )
         if not 0 <= self.ema < 1:
             raise UsageError(f"train.ema must be in [0, 1), got {self.ema}")
         if not 0 <= self.halt_exploration <= 1:
