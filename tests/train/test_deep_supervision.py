@@ -238,3 +238,16 @@ def test_ar_and_mdlm_refuse_a_task_that_needs_puzzle_embeddings(tmp_path):
     }
     with pytest.raises(UsageError, match="puzzle embeddings"):
         train(build_reasoner_config(data, arch="mdlm"), tmp_path / "run")
+
+
+def test_data_seed_keeps_the_puzzles_while_the_training_seed_changes(tmp_path):
+    def data_files(run):
+        return {p.name: p.read_bytes() for p in sorted((run / "data").rglob("*.npy"))}
+
+    runs = {}
+    for name, seeds in {"a": (0, None), "b": (1, 0), "c": (1, None)}.items():
+        seed, data_seed = seeds
+        runs[name] = train(config(seed=seed, data_seed=data_seed, eval_size=0), tmp_path / name)
+    assert data_files(tmp_path / "a") == data_files(tmp_path / "b")  # the same train and test puzzles
+    assert data_files(tmp_path / "b") != data_files(tmp_path / "c")  # train.seed alone draws another split
+    assert runs["a"].losses != runs["b"].losses  # and the training itself follows its own seed

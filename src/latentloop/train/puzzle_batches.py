@@ -26,7 +26,7 @@ def task_data(config: ReasonerRunConfig, task: Task, out: Path) -> dict[str, dic
             folder,
             size=tc.train_size,
             test_size=tc.test_size,
-            seed=tc.seed,
+            seed=tc.seed if tc.data_seed is None else tc.data_seed,
             progress=False,
             validation=tc.validation,
         )

@@ -106,6 +106,9 @@ class ReasonerTrainConfig(TrainConfig):
     # Training puzzles held out into a validation split, on which the run's own evaluations (and an experiment
     # with eval.split: validation) are made, so settings are tuned without the test split; 0: none.
     validation: int = 0
+    # Seed of the dataset (which puzzles are train, validation and test); None: train.seed. Fixing it compares
+    # training seeds on the same test puzzles.
+    data_seed: int | None = None
     data: str | None = None
     # Cheaper deep supervision (see latentloop.train.curriculum): stages of (n_sup, cycles, inner) over the
     # run, and the decay of the supervision steps' loss weights (1: all alike).
