@@ -34,14 +34,14 @@ PRETRAINED = sorted(
 VERSION = re.search(r'(?m)^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text()).group(1)
 SUDOKU = ".1.26....3.....61...6...5....44....."  # the README's 6x6 puzzle for the shipped TRM
 NQUEENS = "." * 16 + "Q" + "." * 47  # the README's 8x8 board for the shipped GRAM
-# Tiny sizes for a few-second run of the default experiment (graph colouring, GRAM and TRM).
+# Tiny sizes for a few-second run of the default experiment (N-Queens 8x8, GRAM and TRM).
 SMOKE = [
     "train.steps=2",
     "train.batch_size=8",
     "train.eval_size=0",
     "train.checkpoint_every=0",
-    "task.train_size=16",
-    "task.test_size=4",
+    "train.train_size=16",
+    "train.test_size=4",
     "model.dim=16",
     "model.hidden=32",
     "model.n_heads=2",
@@ -167,8 +167,8 @@ def test_the_installed_wheel_runs_outside_the_checkout(installed):
     results = json.loads((out / "results.json").read_text())
     assert results["file"] == "configs/experiments/default.yaml"
     assert {row["train"]["config"] for row in results["models"].values()} == {
-        "../graph-coloring8-gram.yaml",
-        "../graph-coloring8-trm.yaml",
+        "../nqueens8-gram-fast.yaml",
+        "../nqueens8-trm-fast.yaml",
     }
     written = (out / "results.json").read_text() + (out / "report.md").read_text()
     assert str(installed["venv"].parent) not in written and "site-packages" not in written
