@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from latentloop.data.dataset import build_dataset, load_dataset
+from latentloop.data.dataset import SPLITS, build_dataset, load_dataset
 from latentloop.errors import UsageError
 from latentloop.models.reasoners import ReasonerConfig
 from latentloop.tasks.base import Task
@@ -43,8 +43,7 @@ def task_data(config: ReasonerRunConfig, task: Task, out: Path) -> dict[str, dic
             f"dataset {folder} holds {held} validation puzzles, the config asks for train.validation="
             f"{tc.validation}"
         )
-    splits = ("train", "validation", "test") if held else ("train", "test")
-    return {s: {k: np.asarray(v) for k, v in dataset.split(s).items()} for s in splits}
+    return {s: {k: np.asarray(v) for k, v in dataset.split(s).items()} for s in SPLITS if s in meta["counts"]}
 
 
 def train_batch(
