@@ -1,8 +1,18 @@
+import pytest
 import torch
 
+from latentloop.errors import UsageError
 from latentloop.models.reasoners import build_reasoner
 from latentloop.models.reasoners.base import ReasonerConfig
-from latentloop.nn import Attention, RMSNorm, RotaryEmbedding, SandwichBlock, apply_rope, compile_blocks
+from latentloop.nn import (
+    Attention,
+    AxialRotaryEmbedding,
+    RMSNorm,
+    RotaryEmbedding,
+    SandwichBlock,
+    apply_rope,
+    compile_blocks,
+)
 
 
 def test_rmsnorm_normalises_in_fp32_and_returns_input_dtype():
@@ -38,6 +48,39 @@ def test_rope_scores_depend_only_on_relative_position():
         return (qm * kn).sum()
 
     torch.testing.assert_close(score(7, 3), score(30, 26))
+
+
+def test_axial_rope_scores_depend_on_the_row_and_column_offsets():
+    rope = AxialRotaryEmbedding(head_dim=16, max_positions=64, width=8)
+    q, k = torch.randn(1, 1, 1, 16), torch.randn(1, 1, 1, 16)
+
+    def score(m: tuple[int, int], n: tuple[int, int]) -> torch.Tensor:
+        qm = apply_rope(q, rope.tables(torch.tensor([m[0] * 8 + m[1]])))
+        kn = apply_rope(k, rope.tables(torch.tensor([n[0] * 8 + n[1]])))
+        return (qm * kn).sum()
+
+    # the same offset of (2 rows, -3 columns) anywhere on the board gives the same score
+    torch.testing.assert_close(score((1, 5), (3, 2)), score((4, 7), (6, 4)))
+    # one step along the flat sequence is one column inside a row but a new row at its end: 1-D RoPE
+    # scores both alike, the grid's rows and columns tell them apart
+    assert not torch.allclose(score((0, 7), (1, 0)), score((0, 0), (0, 1)))
+    flat = RotaryEmbedding(head_dim=16, max_positions=64)
+    flat_score = [
+        (apply_rope(q, flat.tables(torch.tensor([a]))) * apply_rope(k, flat.tables(torch.tensor([b])))).sum()
+        for a, b in ((7, 8), (0, 1))
+    ]
+    torch.testing.assert_close(*flat_score)
+
+
+def test_rope_grid_builds_axial_tables_and_rejects_a_width_that_does_not_fit():
+    model = build_reasoner("trm", ReasonerConfig(vocab_size=3, seq_len=16, dim=16, n_heads=2, rope_grid=4))
+    assert isinstance(model.rope, AxialRotaryEmbedding)
+    flat = build_reasoner("trm", ReasonerConfig(vocab_size=3, seq_len=16, dim=16, n_heads=2))
+    assert not isinstance(flat.rope, AxialRotaryEmbedding)
+    with pytest.raises(UsageError, match="rope_grid"):
+        ReasonerConfig(vocab_size=3, seq_len=16, dim=16, n_heads=2, rope_grid=5)
+    with pytest.raises(UsageError, match="rope_grid"):
+        ReasonerConfig(vocab_size=3, seq_len=16, dim=12, n_heads=2, rope_grid=4)  # heads of 6: odd pairs
 
 
 def test_causal_attention_ignores_future_tokens():

@@ -12,11 +12,12 @@ from latentloop.nn.blocks import (
 )
 from latentloop.nn.mlp import GatedMLP
 from latentloop.nn.norm import RMSNorm
-from latentloop.nn.rope import RotaryEmbedding, apply_rope, rope_frequencies
+from latentloop.nn.rope import AxialRotaryEmbedding, RotaryEmbedding, apply_rope, rope_frequencies
 
 __all__ = [
     "BLOCKS",
     "Attention",
+    "AxialRotaryEmbedding",
     "Block",
     "GatedMLP",
     "KVHook",

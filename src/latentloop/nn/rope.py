@@ -31,8 +31,12 @@ class RotaryEmbedding(nn.Module):
         self.head_dim = head_dim
         self.base = base
         self.max_positions = max_positions
-        angles = rope_frequencies(head_dim, max_positions, base)
+        angles = self.angles()
         self.register_buffer("rotations", torch.polar(torch.ones_like(angles), angles), persistent=False)
+
+    def angles(self) -> torch.Tensor:
+        """The rotation angles ``[max_positions, head_dim // 2]`` of every position."""
+        return rope_frequencies(self.head_dim, self.max_positions, self.base)
 
     def tables(self, positions: torch.Tensor) -> torch.Tensor:
         """Rotations for ``positions`` ([S] or [B, S]) shaped ``[1 or B, S, 1, head_dim // 2]``, which broadcast
@@ -41,6 +45,31 @@ class RotaryEmbedding(nn.Module):
             raise ValueError(f"position {int(positions.max())} exceeds block_size {self.max_positions}")
         rotations = self.rotations[positions]
         return rotations[None, :, None] if positions.dim() == 1 else rotations[:, :, None]
+
+
+class AxialRotaryEmbedding(RotaryEmbedding):
+    """Rotary embedding of a grid read row by row (axial 2-D RoPE, Heo et al. 2024, "Rotary Position Embedding
+    for Vision Transformer"): position ``p`` is the cell ``(p // width, p % width)``, the first half of the
+    pairs rotates by the row and the second half by the column, each with the frequencies of a
+    ``head_dim // 2`` rotary embedding. A query-key score then depends on the offset in rows and in columns
+    separately, where 1-D RoPE sees only ``width * rows + columns``.
+    """
+
+    def __init__(self, head_dim: int, max_positions: int, width: int, base: float = 10_000.0) -> None:
+        if head_dim % 4 or width < 1 or max_positions % width:
+            raise ValueError(
+                f"axial RoPE needs head_dim % 4 == 0 and {max_positions} positions in rows of {width}"
+            )
+        self.width = width
+        super().__init__(head_dim, max_positions, base)
+
+    def angles(self) -> torch.Tensor:
+        positions = torch.arange(self.max_positions)
+        rows, cols = positions // self.width, positions % self.width
+        axis = rope_frequencies(
+            self.head_dim // 2, max(self.max_positions // self.width, self.width), self.base
+        )
+        return torch.cat([axis[rows], axis[cols]], dim=-1)
 
 
 def apply_rope(x: torch.Tensor, rotations: torch.Tensor) -> torch.Tensor:

@@ -301,4 +301,5 @@ def fit_to_task(config: ReasonerConfig, task: Task) -> ReasonerConfig:
                 f"model.{name}={have} does not fit task {task.name!r} ({name} {need}); "
                 f"set model.{name}={need} or 0 (from the task)"
             )
+    fitted.__post_init__()  # the checks that depend on the sizes just filled in (model.rope_grid)
     return fitted

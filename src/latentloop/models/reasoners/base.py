@@ -31,7 +31,7 @@ from torch import nn
 
 from latentloop.errors import UsageError
 from latentloop.models.reasoners.heads import HALTING, HaltHead, SequenceValueHead, ValueHead
-from latentloop.nn import BLOCKS, RMSNorm, RotaryEmbedding, SequenceMLPBlock
+from latentloop.nn import BLOCKS, AxialRotaryEmbedding, RMSNorm, RotaryEmbedding, SequenceMLPBlock
 
 MIXERS = ("attention", "mlp")
 Carry = dict[str, torch.Tensor]
@@ -63,6 +63,9 @@ class ReasonerConfig:
     beta: float = 0.07
     kl_balance: float = 0.8
     rope_base: float = 10_000.0
+    # > 0: the input is a grid of this width read row by row, and attention uses axial 2-D RoPE over its rows
+    # and columns (nn.rope.AxialRotaryEmbedding) instead of 1-D RoPE over the flat sequence
+    rope_grid: int = 0
     norm_eps: float = 1e-5
     halting: str = "bce"  # how the Q-head is trained and read: bce | q-learning (see heads.py)
     puzzles: int = 0  # puzzle identifiers with learned embeddings (ARC: one per task and augmentation)
@@ -82,6 +85,12 @@ class ReasonerConfig:
             raise UsageError("model.puzzles must be at least 0 and model.puzzle_tokens at least 1")
         if self.dim % self.n_heads or (self.dim // self.n_heads) % 2:
             raise UsageError(f"model.dim {self.dim} must split into {self.n_heads} heads of even size")
+        if self.rope_grid < 0 or (self.rope_grid and self.seq_len and self.seq_len % self.rope_grid):
+            raise UsageError(
+                f"model.rope_grid {self.rope_grid} must be 0 or a row width that divides seq_len"
+            )
+        if self.rope_grid and (self.puzzles or (self.dim // self.n_heads) % 4):
+            raise UsageError("model.rope_grid needs no puzzle embeddings and a head size divisible by 4")
         if self.beta < 0 or not 0 <= self.kl_balance <= 1:
             raise UsageError("model.beta must be >= 0 and model.kl_balance in [0, 1]")
 
@@ -175,7 +184,12 @@ class Reasoner(nn.Module):
         )
         if self.puzzle_embed is not None:
             nn.init.zeros_(self.puzzle_embed.weight)
-        self.rope = RotaryEmbedding(config.dim // config.n_heads, config.positions, config.rope_base)
+        head_dim = config.dim // config.n_heads
+        self.rope = (
+            AxialRotaryEmbedding(head_dim, config.positions, config.rope_grid, config.rope_base)
+            if config.rope_grid
+            else RotaryEmbedding(head_dim, config.positions, config.rope_base)
+        )
         self.lm_head = nn.Linear(config.dim, config.vocab_size, bias=False)
         self.halt_head = HaltHead(config.dim)
         self.value_head = ValueHead(config.dim)
