@@ -81,6 +81,8 @@ def test_rope_grid_builds_axial_tables_and_rejects_a_width_that_does_not_fit():
         ReasonerConfig(vocab_size=3, seq_len=16, dim=16, n_heads=2, rope_grid=5)
     with pytest.raises(UsageError, match="rope_grid"):
         ReasonerConfig(vocab_size=3, seq_len=16, dim=12, n_heads=2, rope_grid=4)  # heads of 6: odd pairs
+    with pytest.raises(UsageError, match="rope_grid"):  # the prefix positions are not cells of the grid
+        ReasonerConfig(vocab_size=3, seq_len=16, dim=16, n_heads=2, rope_grid=4, puzzles=2)
 
 
 def test_causal_attention_ignores_future_tokens():
