@@ -77,6 +77,9 @@ def test_rope_grid_builds_axial_tables_and_rejects_a_width_that_does_not_fit():
     assert isinstance(model.rope, AxialRotaryEmbedding)
     flat = build_reasoner("trm", ReasonerConfig(vocab_size=3, seq_len=16, dim=16, n_heads=2))
     assert not isinstance(flat.rope, AxialRotaryEmbedding)
+    # AR's sequence is the input, SEP and the answer: two grids, one below the other
+    ar = build_reasoner("ar", ReasonerConfig(vocab_size=3, seq_len=16, dim=16, n_heads=2, rope_grid=4))
+    assert isinstance(ar.rope, AxialRotaryEmbedding) and ar.rope.max_positions == 32
     with pytest.raises(UsageError, match="rope_grid"):
         ReasonerConfig(vocab_size=3, seq_len=16, dim=16, n_heads=2, rope_grid=5)
     with pytest.raises(UsageError, match="rope_grid"):

@@ -23,8 +23,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from latentloop.errors import UsageError
-from latentloop.models.reasoners.base import Carry, Reasoner, ReasonerConfig, ReasonerOutput
-from latentloop.nn import BLOCKS, RMSNorm, RotaryEmbedding
+from latentloop.models.reasoners.base import (
+    Carry,
+    Reasoner,
+    ReasonerConfig,
+    ReasonerOutput,
+    rotary_embedding,
+)
+from latentloop.nn import BLOCKS, RMSNorm
 
 
 def draw(logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -70,8 +76,9 @@ class ARReasoner(Reasoner):
         c = config
         if c.mixer != "attention":
             raise UsageError("the ar model needs model.mixer=attention (it decodes with causal attention)")
-        # Rotations for the concatenation: L input positions, SEP, and L - 1 fed-back output tokens.
-        self.rope = RotaryEmbedding(c.dim // c.n_heads, 2 * c.seq_len, c.rope_base)
+        # Rotations for the concatenation: L input positions, SEP, and L - 1 fed-back output tokens. With
+        # model.rope_grid the position predicting output cell i is cell i of a second grid below the input's.
+        self.rope = rotary_embedding(c, 2 * c.seq_len)
         self.sep = nn.Parameter(torch.randn(c.dim))  # unit RMS, like the scaled token embeddings
         self.layers = nn.ModuleList(
             BLOCKS[c.block](c.dim, c.n_heads, c.hidden, c.norm_eps) for _ in range(c.n_layers)

@@ -105,6 +105,15 @@ class ReasonerConfig:
         return self.seq_len + self.prefix_len
 
 
+def rotary_embedding(config: ReasonerConfig, positions: int) -> RotaryEmbedding:
+    """The rotary tables of ``positions`` positions: axial over rows of ``config.rope_grid`` cells when it is
+    set, 1-D otherwise."""
+    head_dim = config.dim // config.n_heads
+    if config.rope_grid:
+        return AxialRotaryEmbedding(head_dim, positions, config.rope_grid, config.rope_base)
+    return RotaryEmbedding(head_dim, positions, config.rope_base)
+
+
 @dataclass
 class ReasonerOutput:
     """What one supervision step returns besides the carry."""
@@ -184,12 +193,7 @@ class Reasoner(nn.Module):
         )
         if self.puzzle_embed is not None:
             nn.init.zeros_(self.puzzle_embed.weight)
-        head_dim = config.dim // config.n_heads
-        self.rope = (
-            AxialRotaryEmbedding(head_dim, config.positions, config.rope_grid, config.rope_base)
-            if config.rope_grid
-            else RotaryEmbedding(head_dim, config.positions, config.rope_base)
-        )
+        self.rope = rotary_embedding(config, config.positions)
         self.lm_head = nn.Linear(config.dim, config.vocab_size, bias=False)
         self.halt_head = HaltHead(config.dim)
         self.value_head = ValueHead(config.dim)
