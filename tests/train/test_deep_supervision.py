@@ -242,7 +242,7 @@ def test_ar_and_mdlm_refuse_a_task_that_needs_puzzle_embeddings(tmp_path):
 
 def test_data_seed_keeps_the_puzzles_while_the_training_seed_changes(tmp_path):
     def data_files(run):
-        return {p.name: p.read_bytes() for p in sorted((run / "data").rglob("*.npy"))}
+        return {str(p.relative_to(run)): p.read_bytes() for p in sorted((run / "data").rglob("*.npy"))}
 
     runs = {}
     for name, seeds in {"a": (0, None), "b": (1, 0), "c": (1, None)}.items():
