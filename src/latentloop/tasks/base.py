@@ -173,6 +173,7 @@ class Task(ABC):
 # name -> "module:Class"; modules are imported on first use so the command line starts fast.
 TASKS: dict[str, str] = {
     "arithmetic": "latentloop.tasks.arithmetic:ArithmeticTask",
+    "chains": "latentloop.tasks.chains:ChainsTask",
     "text": "latentloop.tasks.text:TextTask",
     "sudoku": "latentloop.tasks.sudoku:SudokuTask",
     "nqueens": "latentloop.tasks.nqueens:NQueensTask",
