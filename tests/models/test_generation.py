@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from latentloop.errors import UsageError
-from latentloop.models.generation import ExitCriterion, generate, select_token
+from latentloop.models.generation import ExitCriterion, generate, select_token, vote_continuations
 from latentloop.models.kv_cache import LayerKey, RecurrentKVCache
 
 
@@ -138,3 +138,56 @@ def test_bad_generation_arguments_are_usage_errors(tiny_lm, prompt):
 def test_model_generate_method_is_greedy_by_default(tiny_lm, prompt):
     ids = tiny_lm.generate(prompt, max_new_tokens=6, num_steps=3, init_scale=0.0)
     assert torch.equal(ids, greedy(tiny_lm, prompt, num_steps=3, n=6))
+
+
+def test_vote_returns_the_continuation_all_trajectories_share():
+    same = torch.tensor([[[5, 9], [5, 9], [5, 9]]])
+    chosen, votes = vote_continuations(same)
+    assert chosen.tolist() == [0] and votes.tolist() == [3]
+
+
+def test_vote_picks_the_majority_and_breaks_ties_towards_the_earliest():
+    rows = torch.tensor(
+        [
+            [[1, 0], [2, 0], [2, 0], [3, 0]],  # 2 wins, first seen at index 1
+            [[4, 0], [5, 0], [5, 0], [4, 0]],  # a tie 2 : 2 goes to the earliest (index 0)
+            [[7, 0], [8, 0], [9, 0], [6, 0]],  # all different: the first
+            [[1, 2], [1, 3], [1, 3], [1, 2]],  # rows differing only in a later token are different answers
+        ]
+    )
+    chosen, votes = vote_continuations(rows)
+    assert chosen.tolist() == [1, 0, 0, 0]
+    assert votes.tolist() == [2, 2, 1, 2]
+
+
+def test_width_runs_k_trajectories_and_returns_the_voted_one(tiny_lm):
+    ids = torch.randint(1, 96, (2, 6), generator=torch.Generator().manual_seed(5))
+    torch.manual_seed(0)
+    out = generate(tiny_lm, ids, max_new_tokens=3, num_steps=3, init_scale=1.0, num_samples=5)
+    assert out.samples.shape == (2, 5, 9) and out.sequences.shape == (2, 9)
+    for row in range(2):
+        new = out.samples[row, :, 6:]
+        counts = [(new == new[j]).all(-1).sum().item() for j in range(5)]
+        assert int(out.votes[row]) == max(counts)
+        assert (out.samples[row] == out.sequences[row]).all(-1).sum() == max(counts)
+        assert torch.equal(out.sequences[row, :6], ids[row])
+
+
+def test_trajectories_from_random_states_differ_and_from_the_zero_state_do_not(tiny_lm):
+    ids = torch.randint(1, 96, (1, 6), generator=torch.Generator().manual_seed(6))
+    torch.manual_seed(0)
+    out = generate(
+        tiny_lm, ids, max_new_tokens=2, num_steps=4, init_scale=1.0, num_samples=4, return_trajectory=True
+    )
+    states = out.trajectories[0][-1]  # [K, h]: each trajectory's last state for the second new token
+    assert all(not torch.allclose(states[0], states[j]) for j in range(1, 4))
+    zero = generate(
+        tiny_lm, ids.repeat(4, 1), max_new_tokens=2, num_steps=4, init_scale=0.0, return_trajectory=True
+    )
+    assert all(torch.equal(zero.trajectories[0][-1][0], zero.trajectories[0][-1][j]) for j in range(1, 4))
+
+
+@pytest.mark.parametrize("kwargs", [{"num_samples": 0}, {"num_samples": 3, "init_scale": 0.0}])
+def test_bad_widths_are_refused(tiny_lm, prompt, kwargs):
+    with pytest.raises(UsageError, match="num_samples"):
+        generate(tiny_lm, prompt, max_new_tokens=2, **{"init_scale": 1.0, **kwargs})

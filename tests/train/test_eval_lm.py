@@ -12,7 +12,8 @@ from torch import nn
 
 from latentloop.errors import UsageError
 from latentloop.eval.lm import evaluate_lm
-from latentloop.eval.metrics import heldout_metric
+from latentloop.eval.metrics import _generated_answer_ok, heldout_metric
+from latentloop.tasks import get_task
 from latentloop.tasks.arithmetic import ArithmeticTask
 from latentloop.tasks.text import TextTask
 from latentloop.train.checkpoint import latest_checkpoint
@@ -98,3 +99,68 @@ def test_bad_depths_are_usage_errors(tiny_config, tmp_path):
         evaluate_lm(tmp_path, depths=[0])
     with pytest.raises(UsageError):
         evaluate_lm(tmp_path / "missing", depths=[1])
+
+
+def test_width_scores_the_majority_answer_and_reports_one_and_any_trajectory(monkeypatch):
+    """Three problems, three trajectories each, answers built by hand: the vote is right on the first two
+    (2 of 3 agree; all differ and the first is right), wrong on the third (2 of 3 agree on a wrong one)."""
+    from latentloop.eval import metrics
+    from latentloop.models.generation import GenerationOutput, vote_continuations
+
+    task = get_task("chains", variables=4, test_size=3)
+    problems = task.test_problems()
+    right = [problem.value() for problem in problems]
+    wrong = [(v + 1) % 10 for v in right]
+    wrong2 = [(v + 2) % 10 for v in right]
+    answers = [
+        [right[0], right[0], wrong[0]],
+        [right[1], wrong[1], wrong2[1]],
+        [wrong[2], right[2], wrong[2]],
+    ]
+    eos = task.tokenizer.eos_id
+
+    def fake_generate(model, ids, num_samples, **kwargs):
+        assert num_samples == 3 and kwargs["init_scale"] == 1.0 and kwargs["num_steps"] == 4
+        new = torch.tensor([[[ord(str(a)), eos] for a in row] for row in answers[: ids.shape[0]]])
+        samples = torch.cat([ids[:, None].expand(-1, 3, -1), new], dim=-1)
+        chosen, votes = vote_continuations(new)
+        picked = samples[torch.arange(ids.shape[0]), chosen]
+        return GenerationOutput(picked, torch.zeros(1), 0.0, samples=samples, votes=votes)
+
+    monkeypatch.setattr(metrics, "generate", fake_generate)
+    model = nn.Linear(1, 1)
+    result = heldout_metric(model, task, 4, batch_size=9, init_scale=1.0, samples=3)
+    assert result == {
+        "exact_match": pytest.approx(2 / 3),
+        "n": 3,
+        "samples": 3,
+        "single": pytest.approx((2 / 3 + 1 / 3 + 1 / 3) / 3),
+        "any": 1.0,
+    }
+
+
+def test_width_without_eos_does_not_count():
+    task = get_task("chains", variables=4, test_size=1)
+    problem = task.test_problems()[0]
+    digit = ord(str(problem.value()))
+    assert metrics_ok(task, problem, [digit, task.tokenizer.eos_id])
+    assert not metrics_ok(task, problem, [digit, digit])
+
+
+def metrics_ok(task, problem, ids):
+    return _generated_answer_ok(task, problem, torch.tensor(ids), task.tokenizer.eos_id)
+
+
+def test_width_needs_a_random_initial_state(tiny_config, tmp_path):
+    train(tiny_config, tmp_path)
+    with pytest.raises(UsageError, match="init-scale"):
+        evaluate_lm(tmp_path, depths=[2], limit=4, samples=3, write=False)
+    report = evaluate_lm(tmp_path, depths=[2], limit=4, samples=3, init_scale=1.0, write=False)
+    assert report["samples"] == 3 and set(report["results"][0]) == {
+        "num_steps",
+        "exact_match",
+        "n",
+        "samples",
+        "single",
+        "any",
+    }

@@ -164,13 +164,23 @@ def _parse_depths(text: str) -> list[int]:
 def eval_command(
     run: str = typer.Argument(..., help="Run folder (its newest checkpoint) or checkpoint folder."),
     num_steps: str = typer.Option("1,2,4,8,16,32", "--num-steps", help="Comma-separated test-time depths."),
-    task: str = typer.Option(None, "--task", help="Task spec, needed only for a checkpoint outside a run."),
+    task: str = typer.Option(
+        None,
+        "--task",
+        help="Task spec: needed for a checkpoint outside a run; for the run's own task it changes only the "
+        "options given (chains:test_hops=9-12).",
+    ),
     batch_size: int = typer.Option(256, "--batch-size", help="Held-out problems per forward pass."),
     limit: int = typer.Option(None, "--limit", help="Evaluate only the first N held-out problems/windows."),
     init_scale: float = typer.Option(
         0.0, "--init-scale", help="Initial latent state scale (0 = deterministic)."
     ),
-    samples: int = typer.Option(20, "--samples", help="Puzzle models: parallel samples per puzzle."),
+    samples: int = typer.Option(
+        None,
+        "--samples",
+        help="Parallel samples per puzzle (puzzle models, default 20), or latent trajectories per problem "
+        "answered by vote (language models, default 1; needs --init-scale > 0).",
+    ),
     steps: int = typer.Option(None, "--steps", help="Puzzle models: supervision steps (default: n_sup)."),
     select: str = typer.Option("vote", "--select", help="Puzzle models: vote, value or first."),
     temperature: float = TEMPERATURE,
@@ -192,6 +202,8 @@ def eval_command(
         raise UsageError(f"--limit must be positive, got {limit}")
     if split not in ("test", "validation"):
         raise UsageError(f"--split must be test or validation, got {split!r}")
+    if samples is not None and samples < 1:
+        raise UsageError(f"--samples must be at least 1, got {samples}")
     from latentloop.families import REASONER, family_of_run
 
     if family_of_run(run) is REASONER:
@@ -200,7 +212,7 @@ def eval_command(
 
         report = evaluate_reasoner(
             run,
-            samples=samples,
+            samples=20 if samples is None else samples,
             steps=steps,
             select=select,
             batch_size=batch_size,
@@ -220,7 +232,15 @@ def eval_command(
         raise UsageError("--split is for puzzle models; a language model is evaluated on its held-out text")
     from latentloop.eval.lm import evaluate_lm, markdown_table
 
-    report = evaluate_lm(run, depths, batch_size=batch_size, limit=limit, init_scale=init_scale, task=task)
+    report = evaluate_lm(
+        run,
+        depths,
+        batch_size=batch_size,
+        limit=limit,
+        init_scale=init_scale,
+        task=task,
+        samples=1 if samples is None else samples,
+    )
     if json_output:
         typer.echo(json.dumps(report))
         return

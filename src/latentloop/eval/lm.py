@@ -8,7 +8,8 @@
 
 Every forward starts from a zero latent state (``init_scale=0``), so results are deterministic and repeatable;
 pass another ``init_scale`` to evaluate from the random initial state used in training (then the torch RNG,
-seeded with 0 at the start, decides the draw).
+seeded with 0 at the start, decides the draw). ``samples=K`` (with ``init_scale > 0``) spends width instead
+of depth: K latent trajectories per problem, answered by majority vote.
 """
 
 from __future__ import annotations
@@ -31,18 +32,24 @@ from latentloop.train.run_config import load_run_config
 DEFAULT_DEPTHS = (1, 2, 4, 8, 16, 32)
 
 
-def _task_for(checkpoint: Path, task_spec: str | None) -> tuple[Task, dict[str, Any]]:
-    if task_spec:
-        name, options = parse_task_spec(task_spec)
-        return get_task(name, **options), {"name": name, **options}
+def _task_for(
+    checkpoint: Path, task_spec: str | None, task_options: dict[str, Any] | None = None
+) -> tuple[Task, dict[str, Any]]:
+    """The task to evaluate on: the run's own, with the options of ``task_spec`` (when it names the same
+    task) and ``task_options`` laid over the run's; a spec naming another task replaces it."""
     run = run_folder_of(checkpoint)
-    if run is None:
+    name, options = None, {}
+    if run is not None:
+        config = load_run_config(run / "config.yaml")
+        name, options = config.task.name, dict(config.task.options)
+    if task_spec:
+        spec_name, spec_options = parse_task_spec(task_spec)
+        options = {**options, **spec_options} if spec_name == name else spec_options
+        name = spec_name
+    if name is None:
         raise UsageError(f"{checkpoint} is not inside a run folder; say which task to evaluate with --task")
-    config = load_run_config(run / "config.yaml")
-    return get_task(config.task.name, **config.task.options), {
-        "name": config.task.name,
-        **config.task.options,
-    }
+    options.update(task_options or {})
+    return get_task(name, **options), {"name": name, **options}
 
 
 def evaluate_lm(
@@ -54,21 +61,35 @@ def evaluate_lm(
     task: str | None = None,
     write: bool = True,
     device: str = "cpu",
+    samples: int = 1,
+    task_options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Evaluate a run folder (its newest checkpoint) or a checkpoint folder at each depth in ``depths``.
 
     Returns ``{"checkpoint", "step", "task", "metric", "init_scale", "results": [{"num_steps", <metric>, ...}]}``
     and, when ``write``, saves ``eval.json``, ``eval.md`` and ``eval_depth.png`` into the run folder (or the
     checkpoint folder when it is not part of a run). ``task`` (e.g. ``"arithmetic:digits=3"``) is needed only
-    for a checkpoint outside a run folder.
+    for a checkpoint outside a run folder; inside one, a spec of the run's own task (or ``task_options``)
+    changes only the options it names, e.g. ``"chains:test_hops=9-12"`` for a harder held-out tier.
+    ``samples=K > 1`` scores the majority answer of K latent trajectories (needs ``init_scale > 0``).
     """
     depths = [int(d) for d in depths]
     if not depths or min(depths) < 1:
         raise UsageError(f"depths must be positive integers, got {depths}")
+    if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
+        raise UsageError(f"samples must be a whole number of at least 1, got {samples!r}")
+    if samples > 1 and init_scale <= 0:
+        raise UsageError(
+            "samples > 1 needs --init-scale > 0: trajectories from the zero state are all the same"
+        )
     if batch_size < 1:
         raise UsageError(f"batch size must be positive, got {batch_size}")
     checkpoint = resolve_checkpoint(run_or_checkpoint)
-    the_task, task_info = _task_for(checkpoint, task)
+    the_task, task_info = _task_for(checkpoint, task, task_options)
+    if samples > 1 and the_task.metric != "exact_match":
+        raise UsageError(
+            f"samples > 1 votes over answers; task {task_info['name']!r} has no answers to vote on"
+        )
     model = RecurrentDepthLM.from_pretrained(checkpoint, device=device)
     if model.config.vocab_size < the_task.vocab_size:
         raise UsageError(
@@ -82,7 +103,10 @@ def evaluate_lm(
     results = []
     for depth in depths:
         results.append(
-            {"num_steps": depth, **heldout_metric(model, the_task, depth, batch_size, limit, init_scale)}
+            {
+                "num_steps": depth,
+                **heldout_metric(model, the_task, depth, batch_size, limit, init_scale, samples),
+            }
         )
     report = {
         "checkpoint": str(checkpoint),
@@ -90,6 +114,7 @@ def evaluate_lm(
         "task": task_info,
         "metric": the_task.metric,
         "init_scale": init_scale,
+        "samples": samples,
         "results": results,
     }
     if write:
@@ -108,7 +133,17 @@ def markdown_table(report: dict[str, Any]) -> str:
         f"Task `{report['task'].get('name')}`, step {report['step']}, initial state scale {report['init_scale']}.",
         "",
     ]
-    if metric == "exact_match":
+    if metric == "exact_match" and report.get("samples", 1) > 1:
+        lines[-2] += f" {report['samples']} latent trajectories per problem, answered by majority vote."
+        lines += [
+            "| depth (num_steps) | exact match, vote | one trajectory | any trajectory | problems |",
+            "|---:|---:|---:|---:|---:|",
+        ]
+        lines += [
+            f"| {r['num_steps']} | {r['exact_match']:.2%} | {r['single']:.2%} | {r['any']:.2%} | {r['n']} |"
+            for r in report["results"]
+        ]
+    elif metric == "exact_match":
         lines += ["| depth (num_steps) | exact match | problems |", "|---:|---:|---:|"]
         lines += [f"| {r['num_steps']} | {r['exact_match']:.2%} | {r['n']} |" for r in report["results"]]
     else:

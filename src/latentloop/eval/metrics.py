@@ -22,6 +22,7 @@ import torch
 
 from latentloop.errors import UsageError
 from latentloop.infer.scaling import select_sample, solve
+from latentloop.models.generation import generate
 from latentloop.models.reasoners.base import Reasoner
 from latentloop.models.recurrent_depth import RecurrentDepthLM
 from latentloop.tasks.base import Task
@@ -191,13 +192,24 @@ def heldout_metric(
     batch_size: int = 256,
     limit: int | None = None,
     init_scale: float = 0.0,
+    samples: int = 1,
 ) -> dict[str, Any]:
     """The task's held-out metric at depth ``num_steps``: ``{"exact_match", "n"}`` or
-    ``{"perplexity", "loss", "tokens"}``. ``limit`` caps the number of problems (or windows)."""
+    ``{"perplexity", "loss", "tokens"}``. ``limit`` caps the number of problems (or windows).
+
+    ``samples=K > 1`` (exact-match tasks, ``init_scale > 0``) generates every answer along K latent
+    trajectories and scores their majority vote; it adds ``samples``, ``single`` (the mean accuracy of one
+    trajectory) and ``any`` (the share of problems some trajectory solves)."""
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
     try:
+        if task.metric == "exact_match" and samples > 1:
+            return _voted_exact_match(model, task, num_steps, batch_size, limit, init_scale, samples)
+        if samples != 1:
+            raise UsageError(
+                f"samples must be at least 1 (and above 1 only for exact-match tasks), got {samples}"
+            )
         if task.metric == "exact_match":
             correct = total = 0
             for inputs, labels, problems in task.heldout_batches(batch_size, limit):
@@ -228,3 +240,60 @@ def heldout_metric(
         return {"perplexity": math.exp(min(nll / count, 700.0)), "loss": nll / count, "tokens": count}
     finally:
         model.train(was_training)
+
+
+def _voted_exact_match(
+    model: RecurrentDepthLM,
+    task: Task,
+    num_steps: int,
+    batch_size: int,
+    limit: int | None,
+    init_scale: float,
+    samples: int,
+) -> dict[str, Any]:
+    """Exact match of the majority answer over ``samples`` generated trajectories per problem (left-padded
+    prompts; an answer counts when it is followed by ``<eos>`` and the verifier accepts it)."""
+    device = next(model.parameters()).device
+    eos, pad = task.tokenizer.eos_id, task.tokenizer.pad_id
+    voted = single = any_right = total = 0
+    per_batch = max(1, batch_size // samples)
+    for _, labels, problems in task.heldout_batches(per_batch, limit):
+        prompts = [task.encode(p) for p in problems]
+        width = max(map(len, prompts))
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], dtype=torch.long)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], dtype=torch.long)
+        new_tokens = int((labels != -100).sum(-1).max())
+        out = generate(
+            model,
+            ids.to(device),
+            max_new_tokens=new_tokens,
+            num_steps=num_steps,
+            init_scale=init_scale,
+            attention_mask=mask.to(device),
+            stop_tokens=[eos],
+            pad_token_id=pad,
+            num_samples=samples,
+        )
+        answers = out.samples[:, :, width:].cpu()
+        chosen = out.sequences[:, width:].cpu()
+        for row, problem in enumerate(problems):
+            right = [_generated_answer_ok(task, problem, answers[row, j], eos) for j in range(samples)]
+            voted += _generated_answer_ok(task, problem, chosen[row], eos)
+            single += sum(right) / samples
+            any_right += any(right)
+        total += len(problems)
+    if total == 0:
+        raise UsageError("the task's held-out split is empty")
+    return {
+        "exact_match": voted / total,
+        "n": total,
+        "samples": samples,
+        "single": single / total,
+        "any": any_right / total,
+    }
+
+
+def _generated_answer_ok(task: Task, problem: Any, tokens: torch.Tensor, eos: int) -> bool:
+    """A generated answer counts when it ends with ``<eos>`` and the verifier accepts the text before it."""
+    ids = tokens.tolist()
+    return eos in ids and task.verify(problem, task.decode(ids))

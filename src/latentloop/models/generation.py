@@ -1,5 +1,6 @@
 """Generation for the recurrent-depth LM: any depth, KV cache (optionally shared across iterations),
-per-token adaptive exit, continuous chain of thought, self-speculative decoding, left-padded batches.
+per-token adaptive exit, continuous chain of thought, self-speculative decoding, left-padded batches, and
+width in latent space (K trajectories per prompt from random initial states, answer by majority vote).
 
 The prompt is prefilled at full depth in one pass. Each new token then runs the prelude once, the core one
 iteration at a time (so a token can stop early), and the coda once.
@@ -100,12 +101,16 @@ class ExitCriterion:
 @dataclass
 class GenerationOutput:
     """``sequences`` [B, T0 + n]; ``steps`` [B, n] core iterations spent on each new token;
-    ``trajectories`` (on request) one tensor [iterations, B, h] per new token: the state after each iteration."""
+    ``trajectories`` (on request) one tensor [iterations, B, h] per new token: the state after each iteration.
+    With ``num_samples=K > 1``: ``sequences`` holds each prompt's voted continuation, ``samples`` [B, K, T0 + n]
+    every trajectory's and ``votes`` [B] how many trajectories gave the chosen one."""
 
     sequences: torch.Tensor
     steps: torch.Tensor
     seconds: float
     trajectories: list[torch.Tensor] = field(default_factory=list)
+    samples: torch.Tensor | None = None
+    votes: torch.Tensor | None = None
 
     @property
     def new_tokens(self) -> int:
@@ -165,6 +170,7 @@ def generate(
     return_trajectory: bool = False,
     use_cache: bool = True,
     generator: torch.Generator | None = None,
+    num_samples: int = 1,
 ) -> GenerationOutput:
     """Continue ``input_ids`` [B, T0] by up to ``max_new_tokens`` tokens at depth ``num_steps``.
 
@@ -173,9 +179,50 @@ def generate(
     once the criterion holds. ``continuous`` starts each token from the previous token's final state.
     ``speculative=d`` drafts ``draft_tokens`` tokens at depth d and verifies them in one full-depth pass.
     ``use_cache=False`` recomputes the whole sequence for every token (a reference for testing).
+    ``num_samples=K`` runs K latent trajectories of every prompt as one batch, each from its own random
+    initial state (``init_scale > 0``), and returns the continuation most of them agree on (ties go to the
+    earliest trajectory); see :func:`vote_continuations`.
     """
     if input_ids.dim() != 2 or input_ids.shape[1] == 0:
         raise UsageError("the prompt is empty: give at least one token")
+    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
+        raise UsageError(f"num_samples must be a whole number of at least 1, got {num_samples!r}")
+    if num_samples > 1:
+        if init_scale <= 0:
+            raise UsageError(
+                "num_samples > 1 needs init_scale > 0: trajectories from the zero state are all the same"
+            )
+        if speculative is not None:
+            raise UsageError("speculative decoding runs one sequence at a time; it takes num_samples=1")
+        wide = generate(
+            model,
+            input_ids.repeat_interleave(num_samples, dim=0),
+            max_new_tokens=max_new_tokens,
+            num_steps=num_steps,
+            init_scale=init_scale,
+            attention_mask=None
+            if attention_mask is None
+            else attention_mask.repeat_interleave(num_samples, 0),
+            do_sample=do_sample,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            stop_tokens=stop_tokens,
+            pad_token_id=pad_token_id,
+            kv_share=kv_share,
+            exit=exit,
+            continuous=continuous,
+            return_trajectory=return_trajectory,
+            use_cache=use_cache,
+            generator=generator,
+        )
+        samples = wide.sequences.view(input_ids.shape[0], num_samples, -1)
+        chosen, votes = vote_continuations(samples[:, :, input_ids.shape[1] :])
+        rows = torch.arange(input_ids.shape[0], device=samples.device)
+        wide.sequences = samples[rows, chosen]
+        wide.steps = wide.steps.view(input_ids.shape[0], num_samples, -1)[rows.cpu(), chosen.cpu()]
+        wide.samples, wide.votes = samples, votes
+        return wide
     if max_new_tokens < 0:
         raise UsageError(f"max_new_tokens must not be negative, got {max_new_tokens}")
     depth = int(num_steps if num_steps is not None else model.config.mean_recurrence)
@@ -224,6 +271,20 @@ def generate(
     finally:
         model.train(was_training)
     return _plain(out)
+
+
+def vote_continuations(continuations: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Majority vote over K continuations of each prompt, ``continuations`` [B, K, n] token ids (rows that
+    stopped early are padded alike, so equal answers are equal rows). Returns the index [B] of the chosen
+    trajectory, the earliest among those with the most common continuation, and its count [B]."""
+    batch, k, _ = continuations.shape
+    same = (continuations[:, :, None, :] == continuations[:, None, :, :]).all(-1)  # [B, K, K]
+    counts = same.sum(-1)  # trajectories that agree with each one, itself included
+    best = counts.max(-1, keepdim=True).values
+    # The earliest trajectory among the most common: argmax of a score that prefers higher count, then lower index.
+    order = torch.arange(k, 0, -1, device=continuations.device).expand(batch, k)
+    chosen = torch.where(counts == best, order, torch.zeros_like(order)).argmax(-1)
+    return chosen, best.squeeze(-1)
 
 
 def _plain(out: GenerationOutput) -> GenerationOutput:
