@@ -277,6 +277,64 @@ def test_lm_experiment_reports_the_metric_against_depth(tmp_path):
     )
 
 
+def test_lm_experiment_reports_each_tier_and_the_depth_by_width_grid(tmp_path):
+    lm = tiny_run(TINY_LM, train={"steps": 2, "eval_size": 0})
+    lm["task"] = {"name": "chains", "variables": 4, "hops": "1-2", "test_size": 6}
+    (tmp_path / "lm.yaml").write_text(yaml.safe_dump(lm))
+    spec = {
+        "kind": "lm",
+        "description": "tiny tiers",
+        "budget_minutes": 5,
+        "models": {"huginn": {"config": "lm.yaml"}},
+        "eval": {
+            "depths": [1, 2, 4],
+            "limit": 6,
+            "tiers": {"hops 1-2": {"test_hops": "1-2"}, "hops 3-4": {"test_hops": "3-4"}},
+            "width": {"tier": "hops 3-4", "widths": [1, 2], "compute": 4, "limit": 3},
+        },
+    }
+    (tmp_path / "depth.yaml").write_text(yaml.safe_dump(spec))
+    experiment = load_experiment(str(tmp_path / "depth.yaml"))
+    lines: list[str] = []
+    results = run_experiment(experiment, tmp_path / "out", progress=False, log=lines.append)
+    report = results["models"]["huginn"]["eval"]
+    assert [t["tier"] for t in report["tiers"]] == ["hops 1-2", "hops 3-4"]
+    assert all([r["num_steps"] for r in t["results"]] == [1, 2, 4] for t in report["tiers"])
+    # r * K <= 4: K = 1 at r = 1, 2, 4 and K = 2 at r = 1, 2, each on the 3 problems of the tier asked for.
+    cells = [(c["samples"], c["num_steps"]) for c in report["width"]["cells"]]
+    assert cells == [(1, 1), (1, 2), (1, 4), (2, 1), (2, 2)]
+    assert all(c["n"] == 3 for c in report["width"]["cells"])
+    assert all({"single", "any"} <= set(c) for c in report["width"]["cells"] if c["samples"] > 1)
+    text = (tmp_path / "out" / "report.md").read_text()
+    assert (
+        "| huginn | " in text
+        and "| hops 3-4 |" in text
+        and "| model | parameters | trained (min / steps) | tier |" in text
+    )
+    assert "depth x width on tier hops 3-4" in text and "Best at equal compute r * K: 1: r=1 K=1" in text
+    lines.clear()
+    run_experiment(experiment, tmp_path / "out", progress=False, log=lines.append)
+    assert any("evaluated already" in line for line in lines)
+
+
+@pytest.mark.parametrize(
+    "evaluation, message",
+    [
+        ({"tiers": ["hard"]}, "eval.tiers"),
+        ({"tiers": {"hard": 3}}, "eval.tiers"),
+        ({"width": {"widths": [0, 2]}}, "eval.width.widths"),
+        ({"width": {"tier": "missing"}}, "not one of eval.tiers"),
+        ({"width": {"compute": -1}}, "eval.width.compute"),
+        ({"width": {"init_scale": 0}}, "eval.width.init_scale"),
+        ({"width": {"budget": 3}}, "eval.width takes only"),
+    ],
+)
+def test_lm_tiers_and_width_are_checked(tmp_path, evaluation, message):
+    path = write_experiment(tmp_path, kind="lm", eval=evaluation)
+    with pytest.raises(UsageError, match=message):
+        load_experiment(str(path))
+
+
 def test_lm_experiment_depths_are_checked(tmp_path):
     path = write_experiment(tmp_path, kind="lm", eval={"depths": [0, 2]})
     with pytest.raises(UsageError, match=r"eval\.depths"):

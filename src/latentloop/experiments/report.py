@@ -87,17 +87,23 @@ def summary_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
             )
         return rows
     if results.get("kind") == "lm":
-        return [
-            {
-                "model": name,
-                "parameters": row["train"]["parameters"],
-                "train_minutes": row["train"]["train_minutes"],
-                "steps": row["train"]["step"],
-                "metric": row["eval"]["metric"],
-                "by_depth": {r["num_steps"]: r[row["eval"]["metric"]] for r in row["eval"]["results"]},
-            }
-            for name, row in results["models"].items()
-        ]
+        rows = []
+        for name, row in results["models"].items():
+            metric = row["eval"]["metric"]
+            tiers = row["eval"].get("tiers") or [{"tier": None, "results": row["eval"]["results"]}]
+            rows += [
+                {
+                    "model": name,
+                    "tier": tier["tier"],
+                    "parameters": row["train"]["parameters"],
+                    "train_minutes": row["train"]["train_minutes"],
+                    "steps": row["train"]["step"],
+                    "metric": metric,
+                    "by_depth": {r["num_steps"]: r[metric] for r in tier["results"]},
+                }
+                for tier in tiers
+            ]
+        return rows
     rows = []
     for name, row in results["models"].items():
         report, train = row["eval"], row["train"]
@@ -138,12 +144,18 @@ def _lm_report_markdown(results: dict[str, Any], command: str | None) -> str:
     depths = sorted({d for r in rows for d in r["by_depth"]})
     lines = _report_heading(results, "", command)
     metric = rows[0]["metric"].replace("_", " ")
+    tiered = any(r["tier"] is not None for r in rows)
     lines += [
         "",
-        f"Held-out {metric} against test-time depth (recurrent-core iterations):",
+        f"Held-out {metric} against test-time depth (recurrent-core iterations)"
+        + (", one row per held-out tier" if tiered else "")
+        + ":",
         "",
-        "| model | parameters | trained (min / steps) | " + " | ".join(f"r={d}" for d in depths) + " |",
-        "|---|---|---|" + "---|" * len(depths),
+        "| model | parameters | trained (min / steps) | "
+        + ("tier | " if tiered else "")
+        + " | ".join(f"r={d}" for d in depths)
+        + " |",
+        "|---|---|---|" + ("---|" if tiered else "") + "---|" * len(depths),
     ]
     for r in rows:
         cells = [
@@ -154,14 +166,46 @@ def _lm_report_markdown(results: dict[str, Any], command: str | None) -> str:
         ]
         lines.append(
             f"| {r['model']} | {r['parameters']:,} | {r['train_minutes']:.1f} / {r['steps']} | "
+            + (f"{r['tier']} | " if tiered else "")
             + " | ".join(cells)
             + " |"
         )
+    for name, row in results["models"].items():
+        if row["eval"].get("width"):
+            lines += ["", *_width_table(name, row["eval"]["width"])]
     for name, paper in results["paper"].items():
         lines += ["", f"Paper ({name}): " + "; ".join(f"{k} {v}" for k, v in paper.items())]
     if results.get("paper_note"):
         lines += ["", results["paper_note"]]
     return "\n".join(lines) + "\n"
+
+
+def _width_table(model: str, width: dict[str, Any]) -> list[str]:
+    """The depth x width grid as Markdown: majority-vote exact match by width K (rows) and depth r (columns),
+    then the best cell at each compute r * K."""
+    cells = width["cells"]
+    depths = sorted({c["num_steps"] for c in cells})
+    by = {(c["samples"], c["num_steps"]): c for c in cells}
+    tier = f" on tier {width['tier']}" if width.get("tier") else ""
+    lines = [
+        f"{model}: depth x width{tier} ({cells[0]['n']} problems; K latent trajectories from random initial "
+        f"states, scale {width['init_scale']:g}, answered by majority vote; r * K up to {width['compute']:g}):",
+        "",
+        "| width K | " + " | ".join(f"r={d}" for d in depths) + " |",
+        "|---|" + "---|" * len(depths),
+    ]
+    for k in sorted({c["samples"] for c in cells}):
+        lines.append(
+            f"| {k} | "
+            + " | ".join(_pct(by[k, d]["exact_match"]) if (k, d) in by else "-" for d in depths)
+            + " |"
+        )
+    best = []
+    for compute in sorted({c["samples"] * c["num_steps"] for c in cells}):
+        at = [c for c in cells if c["samples"] * c["num_steps"] == compute]
+        top = max(at, key=lambda c: (c["exact_match"], -c["samples"]))
+        best.append(f"{compute:g}: r={top['num_steps']} K={top['samples']} ({_pct(top['exact_match'])})")
+    return [*lines, "", "Best at equal compute r * K: " + "; ".join(best) + "."]
 
 
 def _generation_report_markdown(results: dict[str, Any], command: str | None) -> str:
@@ -433,15 +477,32 @@ def plot_results(results: dict[str, Any], path: Path) -> None:
         _save_figure(fig, path, plt)
         return
     if results.get("kind") == "lm":
-        fig, ax = plt.subplots(figsize=(4.8, 3.6))
+        grids = [(name, row["eval"]["width"]) for name, row in models.items() if row["eval"].get("width")]
+        fig, axes = plt.subplots(1, 1 + len(grids), figsize=(4.8 * (1 + len(grids)), 3.6), squeeze=False)
+        ax = axes[0][0]
         for row in summary_rows(results):
             depths = sorted(row["by_depth"])
-            ax.plot(depths, [row["by_depth"][d] for d in depths], "o-", label=row["model"], markersize=3)
+            label = row["model"] if row["tier"] is None else f"{row['model']}, {row['tier']}"
+            ax.plot(depths, [row["by_depth"][d] for d in depths], "o-", label=label, markersize=3)
         ax.set(
             xscale="log", xlabel="test-time depth (core iterations)", ylabel=row["metric"].replace("_", " ")
         )
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=7)
+        for ax, (name, width) in zip(axes[0][1:], grids, strict=True):
+            for k in sorted({c["samples"] for c in width["cells"]}):
+                at = sorted((c for c in width["cells"] if c["samples"] == k), key=lambda c: c["num_steps"])
+                ax.plot(
+                    [c["num_steps"] * k for c in at], [c["exact_match"] for c in at], "o-", label=f"K={k}"
+                )
+            ax.set(
+                xscale="log",
+                xlabel="test-time compute r * K (core iterations x trajectories)",
+                ylabel="exact match, majority vote",
+                title=f"{name}: depth x width" + (f", {width['tier']}" if width.get("tier") else ""),
+            )
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
         fig.suptitle(results["experiment"])
         _save_figure(fig, path, plt)
         return

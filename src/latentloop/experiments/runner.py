@@ -165,21 +165,63 @@ def _train_model(
 
 
 def _evaluate_lm(spec: ModelSpec, folder: Path, settings: EvalSpec, log: Callable[[str], None]) -> dict:
-    """The held-out metric at each depth of ``settings.depths`` (also written as the run's eval files)."""
+    """The held-out metric at each depth of ``settings.depths``, on the run's held-out split or on each of
+    ``settings.tiers``, and the depth x width grid of ``settings.width`` (stored as the run's ``eval.json``;
+    a rerun with the same settings reads it back)."""
+    wanted = {
+        "depths": settings.depths,
+        "limit": settings.limit,
+        "tiers": settings.tiers,
+        "width": settings.width,
+    }
     report = _read_json(folder / "eval.json")
-    if (
-        report is not None
-        and [r["num_steps"] for r in report.get("results", [])] == settings.depths
-        and report.get("limit") == settings.limit
-    ):
+    if report is not None and report.get("settings") == wanted:
         log(f"{spec.name}: evaluated already, skipping")
         return _portable(report, folder.parent)
     log(f"{spec.name}: evaluating at depths {', '.join(map(str, settings.depths))}")
-    report = evaluate_lm(folder, settings.depths, limit=settings.limit)
+    if settings.tiers:
+        tiers = []
+        for name, options in settings.tiers.items():
+            log(f"{spec.name}: tier {name}")
+            tier = evaluate_lm(
+                folder, settings.depths, limit=settings.limit, write=False, task_options=options
+            )
+            tiers.append({"tier": name, "task_options": options, "results": tier["results"]})
+        keep = ("checkpoint", "step", "metric", "init_scale")
+        report = {**{k: tier[k] for k in keep}, "tiers": tiers}
+    else:
+        report = evaluate_lm(folder, settings.depths, limit=settings.limit)
+    if settings.width:
+        report["width"] = _width_grid(folder, settings, log, spec.name)
     report["limit"] = settings.limit
+    report["settings"] = wanted
     report = _portable(report, folder.parent)
     _write_json(folder / "eval.json", report)
     return report
+
+
+def _width_grid(folder: Path, settings: EvalSpec, log: Callable[[str], None], name: str) -> dict:
+    """Majority-vote accuracy of K latent trajectories at depth r, for r in ``settings.depths`` and K in
+    ``settings.width["widths"]`` with r * K within its compute, on its tier."""
+    width = settings.width
+    options = settings.tiers.get(width["tier"], {}) if width["tier"] else {}
+    cells = []
+    for k in width["widths"]:
+        depths = [d for d in settings.depths if d * k <= width["compute"]]
+        if not depths:
+            continue
+        log(f"{name}: width {k} at depths {', '.join(map(str, depths))}")
+        report = evaluate_lm(
+            folder,
+            depths,
+            limit=width["limit"],
+            init_scale=width["init_scale"],
+            samples=k,
+            write=False,
+            task_options=options,
+        )
+        cells += [{"samples": k, **r} for r in report["results"]]
+    return {**width, "cells": cells}
 
 
 def _sample_model(spec: ModelSpec, folder: Path, settings: EvalSpec, log: Callable[[str], None]) -> dict:

@@ -43,6 +43,13 @@ class EvalSpec:
     # GRAM: updates of a value head fitted to its own samples before evaluating (latentloop fit-value); 0: off
     fit_value: int = 0
     depths: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32])  # kind: lm only
+    # kind: lm only: held-out tiers, name -> task options laid over the run's (``{test_hops: 9-16}``); one
+    # table row each. Empty: the run's own held-out split.
+    tiers: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # kind: lm only: a depth x width grid on one tier, ``{tier, widths, compute, init_scale, limit}``: accuracy
+    # of the majority answer of K latent trajectories at depth r, for every r in depths and K in widths with
+    # r * K <= compute. Empty: no grid.
+    width: dict[str, Any] = field(default_factory=dict)
     every: int = 250  # kind: time-to-accuracy only: a checkpoint (and its evaluation) every this many batches
     # Puzzle models: "validation" evaluates on training puzzles held out by train.validation, for tuning
     split: str = "test"
@@ -102,6 +109,42 @@ def _parse_targets(raw: Any, path: Path) -> dict[str, float]:
             raise UsageError(f"{path}: targets.{metric} must be a percent in (0, 100], got {value!r}")
         targets[str(metric)] = float(value)
     return targets
+
+
+def _check_tiers(tiers: Any, path: Path) -> None:
+    """A one-line error unless ``eval.tiers`` maps names to mappings of task options."""
+    if not isinstance(tiers, dict) or not all(
+        isinstance(name, str) and isinstance(options, dict) for name, options in tiers.items()
+    ):
+        raise UsageError(
+            f"{path}: eval.tiers must map tier names to task options, e.g. {{hard: {{test_hops: 9-16}}}}"
+        )
+
+
+WIDTH_KEYS = {"tier": None, "widths": [1, 2, 4, 8, 16], "compute": 128, "init_scale": 1.0, "limit": None}
+
+
+def _parse_width(raw: Any, tiers: dict[str, Any], path: Path) -> dict[str, Any]:
+    """``eval.width`` with its defaults filled in (``{}`` stays ``{}``: no grid); one-line errors."""
+    if raw in (None, {}):
+        return {}
+    if not isinstance(raw, dict) or set(raw) - set(WIDTH_KEYS):
+        raise UsageError(f"{path}: eval.width takes only the keys {', '.join(WIDTH_KEYS)}")
+    width = {**WIDTH_KEYS, **raw}
+    if width["tier"] is not None and width["tier"] not in tiers:
+        raise UsageError(f"{path}: eval.width.tier {width['tier']!r} is not one of eval.tiers")
+    widths = width["widths"]
+    if (
+        not isinstance(widths, list)
+        or not widths
+        or not all(isinstance(k, int) and not isinstance(k, bool) and k >= 1 for k in widths)
+    ):
+        raise UsageError(f"{path}: eval.width.widths must be a list of whole numbers of at least 1")
+    width["compute"] = positive_number(width["compute"], f"{path}: eval.width.compute")
+    width["init_scale"] = positive_number(width["init_scale"], f"{path}: eval.width.init_scale")
+    if width["limit"] is not None and (not isinstance(width["limit"], int) or width["limit"] < 1):
+        raise UsageError(f"{path}: eval.width.limit must be a whole number of at least 1")
+    return width
 
 
 def _check_every(every: Any, path: Path) -> None:
@@ -166,11 +209,14 @@ def load_experiment(name_or_path: str, overrides: Sequence[str] = ()) -> Experim
         "fit_value",
         "every",
         "split",
+        "tiers",
+        "width",
     }
     unknown = set(raw_eval) - known
     if unknown:
         raise UsageError(f"{path}: unknown eval keys {', '.join(sorted(unknown))}")
     _check_every(raw_eval.get("every", 1), path)  # the file's own value, before overrides coerce it
+    _check_tiers(raw_eval.get("tiers", {}), path)
     try:
         evaluation = apply_overrides(EvalSpec(**raw_eval), eval_overrides)
     except UsageError as error:
@@ -188,6 +234,8 @@ def load_experiment(name_or_path: str, overrides: Sequence[str] = ()) -> Experim
     depths = evaluation.depths
     if not isinstance(depths, list) or not depths or not all(isinstance(d, int) and d >= 1 for d in depths):
         raise UsageError(f"{path}: eval.depths must be a list of positive integers")
+    _check_tiers(evaluation.tiers, path)
+    evaluation.width = _parse_width(evaluation.width, evaluation.tiers, path)
     kind = str(data.get("kind", "reasoners"))
     if kind not in KINDS:
         raise UsageError(f"{path}: kind must be one of {', '.join(KINDS)}, not {kind!r}")
