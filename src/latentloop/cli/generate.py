@@ -36,6 +36,24 @@ def generate(
         None, "--speculative", help="Draft with this many iterations, verify at full depth."
     ),
     draft_tokens: int = typer.Option(4, "--draft-tokens", help="Tokens drafted per speculative round."),
+    sampler: str = typer.Option(
+        "sequential",
+        "--sampler",
+        help="sequential, or parallel: a wavefront of positions decoded at once (diffusion-style).",
+    ),
+    wavefront: int = typer.Option(32, "--wavefront", help="Parallel sampler: positions in flight at most."),
+    inner_steps: int = typer.Option(4, "--inner-steps", help="Parallel sampler: core iterations per sweep."),
+    freeze: str = typer.Option(
+        "latent-diff:0.03",
+        "--freeze",
+        help="Parallel sampler: when a position is final, latent-diff:t (relative change below t) or steps "
+        "(after --num-steps iterations, always the cap).",
+    ),
+    state_noise: float = typer.Option(
+        0.0,
+        "--state-noise",
+        help="Parallel sampler: noise mixed into in-flight states, damped by iterations.",
+    ),
     temperature: float = typer.Option(0.0, "--temperature", help="0 is greedy; above 0 samples."),
     top_k: int = typer.Option(None, "--top-k", help="Sample only among the k most likely tokens."),
     top_p: float = typer.Option(None, "--top-p", help="Sample only within this probability mass."),
@@ -56,6 +74,7 @@ def generate(
     from latentloop.data.tokenizers import load_tokenizer
     from latentloop.models.generation import ExitCriterion
     from latentloop.models.generation import generate as run_generation
+    from latentloop.models.parallel_sampler import ParallelSampler
     from latentloop.models.recurrent_depth import RecurrentDepthLM
     from latentloop.train.checkpoint import resolve_checkpoint
 
@@ -69,6 +88,13 @@ def generate(
     if temperature < 0 or (top_p is not None and not 0 < top_p <= 1):
         raise UsageError("--temperature must be >= 0 and --top-p in (0, 1]")
     criterion = ExitCriterion.parse(exit_criterion)
+    if sampler not in ("sequential", "parallel"):
+        raise UsageError(f"--sampler must be sequential or parallel, got {sampler!r}")
+    settings = (
+        ParallelSampler(wavefront=wavefront, inner_steps=inner_steps, freeze=freeze, state_noise=state_noise)
+        if sampler == "parallel"
+        else "sequential"
+    )
     folder = resolve_checkpoint(model)
     lm = RecurrentDepthLM.from_pretrained(folder)
     tok_spec = tokenizer or (folder / "tokenizer.json" if (folder / "tokenizer.json").is_file() else None)
@@ -96,6 +122,7 @@ def generate(
         speculative=speculative,
         draft_tokens=draft_tokens,
         generator=torch.Generator().manual_seed(seed),
+        sampler=settings,
     )
     new = out.sequences[0, len(ids) :].tolist()
     text = tok.decode(new)
@@ -109,6 +136,8 @@ def generate(
             "exit": exit_criterion,
             "kv_share": kv_share,
             "speculative": speculative,
+            "sampler": sampler,
+            **({"sweeps": out.sweeps} if out.sweeps is not None else {}),
         }
         typer.echo(json.dumps(result))
     else:

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from latentloop.errors import UsageError
 from latentloop.models.kv_cache import RecurrentKVCache
+from latentloop.models.parallel_sampler import ParallelSampler, parallel_generate
 
 if TYPE_CHECKING:  # annotations only: recurrent_depth imports this module for RecurrentDepthLM.generate
     from latentloop.models.recurrent_depth import RecurrentDepthLM, StepContext
@@ -111,6 +112,7 @@ class GenerationOutput:
     trajectories: list[torch.Tensor] = field(default_factory=list)
     samples: torch.Tensor | None = None
     votes: torch.Tensor | None = None
+    sweeps: int | None = None  # the parallel sampler's wave sweeps
 
     @property
     def new_tokens(self) -> int:
@@ -171,6 +173,7 @@ def generate(
     use_cache: bool = True,
     generator: torch.Generator | None = None,
     num_samples: int = 1,
+    sampler: str | ParallelSampler = "sequential",
 ) -> GenerationOutput:
     """Continue ``input_ids`` [B, T0] by up to ``max_new_tokens`` tokens at depth ``num_steps``.
 
@@ -182,6 +185,8 @@ def generate(
     ``num_samples=K`` runs K latent trajectories of every prompt as one batch, each from its own random
     initial state (``init_scale > 0``), and returns the continuation most of them agree on (ties go to the
     earliest trajectory); see :func:`vote_continuations`.
+    ``sampler="parallel"`` (or a :class:`~latentloop.models.parallel_sampler.ParallelSampler` with its knobs)
+    decodes a wavefront of positions at once instead of one token after another.
     """
     if input_ids.dim() != 2 or input_ids.shape[1] == 0:
         raise UsageError("the prompt is empty: give at least one token")
@@ -229,6 +234,23 @@ def generate(
     if depth < 1:
         raise UsageError(f"num_steps must be at least 1, got {depth}")
     criterion = ExitCriterion.parse(exit)
+    parallel = _parse_sampler(sampler)
+    if parallel is not None:
+        changed = [
+            name
+            for name, value, default in (
+                ("exit", criterion, None),
+                ("continuous", continuous, False),
+                ("speculative", speculative, None),
+                ("kv_share", kv_share, None),
+                ("return_trajectory", return_trajectory, False),
+                ("use_cache", use_cache, True),
+                ("attention_mask", attention_mask, None),
+            )
+            if value is not default and value != default
+        ]
+        if changed:
+            raise UsageError(f"the parallel sampler does not combine with {', '.join(changed)}")
     if speculative is not None and (criterion is not None or continuous or not use_cache):
         raise UsageError(
             "speculative decoding cannot be combined with adaptive exit, continuous mode or no cache"
@@ -255,7 +277,19 @@ def generate(
                 do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator
             )
             started = time.perf_counter()
-            if speculative is not None:
+            if parallel is not None:
+                sequences, steps, sweeps = parallel_generate(
+                    model,
+                    input_ids,
+                    max_new_tokens,
+                    depth,
+                    init_scale,
+                    parallel,
+                    stop_tokens,
+                    lambda logits: select_token(logits, **sampling),
+                )
+                out = GenerationOutput(sequences, steps, 0.0, sweeps=sweeps)
+            elif speculative is not None:
                 out = decoder.speculative(max_new_tokens, speculative, draft_tokens, stop_tokens, sampling)
             else:
                 out = decoder.run(
@@ -271,6 +305,17 @@ def generate(
     finally:
         model.train(was_training)
     return _plain(out)
+
+
+def _parse_sampler(sampler: str | ParallelSampler) -> ParallelSampler | None:
+    """None for sequential decoding, else the parallel sampler's settings."""
+    if isinstance(sampler, ParallelSampler):
+        return sampler
+    if sampler == "sequential":
+        return None
+    if sampler == "parallel":
+        return ParallelSampler()
+    raise UsageError(f"unknown sampler {sampler!r} (sequential or parallel)")
 
 
 def vote_continuations(continuations: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
