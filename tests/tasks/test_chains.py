@@ -1,11 +1,12 @@
 import numpy as np
 import pytest
+import torch
 
 from latentloop.errors import UsageError
 from latentloop.tasks import get_task
 from latentloop.tasks.chains import Chains
 
-EXAMPLE = "d=5ac4b=8cb3ed9?a="  # a = c+4 = (b+3)+4 = 15 -> 5, through b -> c -> a
+EXAMPLE = "=5dc4a=8bb3cd9e?a="  # a = c+4 = (b+3)+4 = 15 -> 5, through b -> c -> a
 
 
 def test_the_documented_example_is_solved_by_hand():
@@ -31,9 +32,9 @@ def test_verifier_accepts_the_value_and_rejects_everything_else():
 
 def test_only_the_asked_chain_decides_the_answer():
     task = get_task("chains", variables=5)
-    off_chain = task.parse("d=6ac4b=8cb3ed1?a=")  # the distractor chain d -> e changed
-    on_chain = task.parse("d=5ac4b=8cb2ed9?a=")  # one increment on b -> c -> a changed
-    root = task.parse("d=5ac4b=9cb3ed9?a=")
+    off_chain = task.parse("=6dc4a=8bb3cd1e?a=")  # the distractor chain d -> e changed
+    on_chain = task.parse("=5dc4a=8bb2cd9e?a=")  # one increment on b -> c -> a changed
+    root = task.parse("=5dc4a=9bb3cd9e?a=")
     assert off_chain.value() == 5
     assert on_chain.value() == 4
     assert root.value() == 6
@@ -52,6 +53,23 @@ def test_drawn_problems_have_the_asked_hops_and_every_variable_once(hops):
         assert task.parse(task.prompt(problem)) == problem
         assert len(task.encode(problem)) + 1 <= task.seq_len  # prompt + answer digit fit, <eos> is a label
     assert {p.hops() for p in task.test_problems()} <= set(range(low, high + 1))
+
+
+def test_the_hop_curriculum_grows_the_longest_chain_with_the_step():
+    task = get_task("chains", variables=12, hops="2-10", hops_warmup=800)
+    assert [task.hop_range_at(s) for s in (0, 100, 400, 799, 800, 5000)] == [
+        (2, 2),
+        (2, 3),
+        (2, 6),
+        (2, 9),
+        (2, 10),
+        (2, 10),
+    ]
+    assert task.hop_range_at(None) == (2, 10)  # outside training: the whole range
+    assert {task.random_problem(np.random.default_rng(i), "train", 0).hops() for i in range(50)} == {2}
+    batch = task.train_batch(400, 64, seed=1)
+    assert torch.equal(batch[0], task.train_batch(400, 64, seed=1)[0])
+    assert get_task("chains", hops="2-10").hop_range_at(0) == (2, 10)  # no warmup: no curriculum
 
 
 def test_every_hop_count_of_the_range_is_drawn():
@@ -90,13 +108,13 @@ def test_training_batches_are_a_pure_function_of_seed_and_step():
 @pytest.mark.parametrize(
     "text, message",
     [
-        ("a=1a=2?a=", "assigned twice"),
-        ("ab1c=3?a=", "never assigned"),
-        ("a=1?z=", "never assigned"),
-        ("ab1ba2?a=", "loop"),
-        ("ab0b=1?a=", "cannot read"),
-        ("a=1b+a?b=", "cannot read"),
-        ("a=1b=?b=", "cannot parse"),
+        ("=1a=2a?a=", "assigned twice"),
+        ("b1a=3c?a=", "never assigned"),
+        ("=1a?z=", "never assigned"),
+        ("b1aa2b?a=", "loop"),
+        ("b0a=1b?a=", "cannot read"),
+        ("=1ba+b?b=", "cannot read"),
+        ("=1ab=?b=", "cannot parse"),
         ("a=1", "cannot parse"),
         ("?a=", "no statements"),
     ],
@@ -116,6 +134,7 @@ def test_malformed_prompts_get_one_clear_error(text, message):
         {"variables": 6, "hops": "2-7"},
         {"variables": 6, "test_hops": 9},
         {"hops": "two"},
+        {"hops_warmup": -5},
     ],
 )
 def test_bad_options_are_refused(options):

@@ -123,8 +123,10 @@ class ArithmeticTask(GeneratedProblemTask):
         return int(text) == problem.value()
 
     # Splits ---------------------------------------------------------------------------------------------------
-    def draw(self, rng: np.random.Generator, split: str = "train") -> Problem:
-        """A uniformly random problem (both splits draw alike)."""
+    def random_problem(
+        self, rng: np.random.Generator, split: str = "train", step: int | None = None
+    ) -> Problem:
+        """A uniformly random problem (both splits and every step draw alike)."""
         high = 10**self.digits
         op = self.ops[int(rng.integers(len(self.ops)))]
         return Problem(int(rng.integers(high)), int(rng.integers(high)), op)

@@ -2,14 +2,15 @@
 problem needs grows with its number of hops.
 
 A problem assigns ``variables`` letters, one statement each, in shuffled order, and asks for one of them.
-Every statement is three characters, so a prompt of ``variables`` statements always has the same length and
-every statement sits at the same positions::
+Every statement is three characters, source first and the assigned letter last, so a prompt of ``variables``
+statements always has the same length and the letter's position (which a causal model reads last) already
+sees what it is assigned::
 
-    d=5ac4b=8cb3ed9?a=     ->  5     read: d=5, a=c+4, b=8, c=b+3, e=d+9; a = ?
-                                     (a = c+4 = (b+3)+4 = 8+3+4 = 15, mod 10)
+    =5dc4a=8bb3cd9e?a=    ->  5     read: d=5, a=c+4, b=8, c=b+3, e=d+9; a = ?
+                                    (a = c+4 = (b+3)+4 = 8+3+4 = 15, mod 10)
 
-A root statement gives a digit (``b=8``); every other statement adds a digit 1-9 to another variable
-(``cb3``: c = b + 3); values are taken mod 10. The asked variable ends a chain of ``hops`` statements (here
+A root statement gives a digit (``=8b``: b = 8); every other statement adds a digit 1-9 to another variable
+(``b3c``: c = b + 3); values are taken mod 10. The asked variable ends a chain of ``hops`` statements (here
 ``b -> c -> a``, 3 hops); the other letters form distractor chains with roots of their own. Every hop changes
 the value and the answer is one digit, so guessing gets 10% whatever the chain, and no shortcut skips a hop:
 the model must find the asked variable's statement, then its parent's, and so on to the root. A causal
@@ -17,8 +18,9 @@ transformer resolves about one such lookup per layer, so a recurrent-depth model
 core for more hops, the behaviour this task is built to measure (pointer chasing; Saunshi et al. 2025 and
 Fan et al. 2024 study looped transformers on such tasks).
 
-Difficulty is the knob ``hops``: training draws the chain length uniformly from its range, and
-``test_hops`` sets the held-out range, which may lie beyond every length trained (extrapolation). The number of
+Difficulty is the knob ``hops``: training draws the chain length uniformly from its range (with
+``hops_warmup=N``, from a range whose top grows linearly from the lowest length to the highest over the first
+N training steps: a curriculum, a pure function of the step), and ``test_hops`` sets the held-out range, which may lie beyond every length trained (extrapolation). The number of
 statements stays ``variables`` for every length, so a harder problem is exactly as long as an easy one and no
 position is new to the model. Splits, token layout and batches are those of
 :class:`~latentloop.tasks.problems.GeneratedProblemTask`: a prompt is held out by its hash.
@@ -39,7 +41,7 @@ from latentloop.tasks.problems import GeneratedProblemTask, integer_option
 
 LETTERS = string.ascii_lowercase
 MODULUS = 10
-_STATEMENT = re.compile(r"([a-z])(?:=([0-9])|([a-z])([1-9]))")
+_STATEMENT = re.compile(r"(?:=([0-9])|([a-z])([1-9]))([a-z])")
 
 
 @dataclass(frozen=True)
@@ -94,7 +96,8 @@ class ChainsTask(GeneratedProblemTask):
     """Variable chains with sums mod 10; see the module docstring.
 
     Options: ``variables`` (statements per problem, 2-26), ``hops`` (training chain lengths, ``"lo-hi"``;
-    by default 1 to 8 or ``variables``),
+    by default 1 to 8 or ``variables``), ``hops_warmup`` (training steps over which the longest chain drawn
+    grows to the top of ``hops``; 0: no curriculum),
     ``test_hops`` (held-out chain lengths, by default ``hops``), ``test_fraction``, ``test_size``.
     """
 
@@ -105,6 +108,7 @@ class ChainsTask(GeneratedProblemTask):
         variables: int | str = 16,
         hops: Any = None,
         test_hops: Any = None,
+        hops_warmup: int | str = 0,
         test_fraction: float | str = 0.05,
         test_size: int | str = 1000,
     ) -> None:
@@ -115,14 +119,25 @@ class ChainsTask(GeneratedProblemTask):
         self.test_hops = (
             self.hops if test_hops in (None, "") else hop_range(test_hops, "test_hops", self.variables)
         )
+        self.hops_warmup = integer_option(self.name, hops_warmup, "hops_warmup", 0, 10**9)
         super().__init__(test_fraction, test_size)
         # Prompt (three characters a statement, then "?x="), answer digit and <eos>, less the last token.
         self.seq_len = 3 * self.variables + 4
 
     # Problems -------------------------------------------------------------------------------------------------
-    def draw(self, rng: np.random.Generator, split: str = "train") -> Chains:
-        """A problem whose asked chain has a length drawn uniformly from the split's hop range."""
-        low, high = self.test_hops if split == "test" else self.hops
+    def hop_range_at(self, step: int | None) -> tuple[int, int]:
+        """The training chain lengths at training ``step``: the curriculum's range while it lasts."""
+        low, high = self.hops
+        if self.hops_warmup and step is not None:
+            high = low + int((high - low) * min(1.0, step / self.hops_warmup))
+        return low, high
+
+    def random_problem(
+        self, rng: np.random.Generator, split: str = "train", step: int | None = None
+    ) -> Chains:
+        """A problem whose asked chain has a length drawn uniformly from the split's hop range (training: the
+        range at ``step``, see :meth:`hop_range_at`)."""
+        low, high = self.test_hops if split == "test" else self.hop_range_at(step)
         hops = int(rng.integers(low, high + 1))
         names = [LETTERS[i] for i in rng.permutation(len(LETTERS))[: self.variables]]
         lengths = [hops]
@@ -144,9 +159,9 @@ class ChainsTask(GeneratedProblemTask):
 
     # Text forms -----------------------------------------------------------------------------------------------
     def prompt(self, problem: Chains) -> str:
-        """``"d=5ac4b=8cb3ed9?a="``: ``x=7`` for a root, ``xy3`` for x = y + 3, then the asked variable."""
+        """``"=5dc4a=8bb3cd9e?a="``: ``=7x`` for x = 7, ``y3x`` for x = y + 3, then the asked variable."""
         body = "".join(
-            f"{n}={d}" if parent is None else f"{n}{parent}{d}" for n, parent, d in problem.statements
+            f"={d}{n}" if parent is None else f"{parent}{d}{n}" for n, parent, d in problem.statements
         )
         return f"{body}?{problem.query}="
 
@@ -164,13 +179,13 @@ class ChainsTask(GeneratedProblemTask):
         return f"{body}; {answer.query} = ?"
 
     def parse(self, text: str) -> Chains:
-        """A prompt such as ``"b=8cb3ac4?a="`` -> :class:`Chains`; one-line errors unless every statement reads
-        ``x=7`` or ``xy3``, every variable is assigned once, every parent is assigned, no chain loops and the
+        """A prompt such as ``"=8bb3cc4a?a="`` -> :class:`Chains`; one-line errors unless every statement reads
+        ``=7x`` or ``y3x``, every variable is assigned once, every parent is assigned, no chain loops and the
         asked variable is assigned."""
         match = re.fullmatch(r"\s*([^?]*)\?\s*([a-z])\s*=?\s*", text)
         if not match or len(match.group(1)) % 3:
             raise UsageError(
-                f"chains: cannot parse {text!r} (expected three-character statements, e.g. b=8cb3?c=)"
+                f"chains: cannot parse {text!r} (expected three-character statements, e.g. =8bb3c?c=)"
             )
         body, query = match.groups()
         statements = []
@@ -178,9 +193,9 @@ class ChainsTask(GeneratedProblemTask):
             item = _STATEMENT.fullmatch(body[start : start + 3])
             if not item:
                 raise UsageError(
-                    f"chains: cannot read statement {body[start : start + 3]!r} (expected x=7, or xy3 for x=y+3)"
+                    f"chains: cannot read statement {body[start : start + 3]!r} (expected =7x for x=7, or y3x for x=y+3)"
                 )
-            name, root, parent, digit = item.groups()
+            root, parent, digit, name = item.groups()
             statements.append((name, None, int(root)) if root is not None else (name, parent, int(digit)))
         if not statements:
             raise UsageError(f"chains: {text!r} has no statements")

@@ -1,6 +1,6 @@
 """Generated text problems for the recurrent-depth language model: the part every such task shares.
 
-A subclass says how to draw a problem, write its prompt and canonical answer, and read an answer back; this
+A subclass says how to draw a random problem, write its prompt and canonical answer, and read an answer back; this
 base turns that into the language model's data:
 
 - **Held-out split by construction.** A problem is a *test* problem exactly when a stable hash (BLAKE2b) of
@@ -47,7 +47,7 @@ class GeneratedProblemTask(Task):
     """A language-model task over generated problems with one canonical text answer each (``exact_match``).
 
     Subclasses set :attr:`seq_len` (the longest prompt + answer + ``<eos>``, less one) and implement
-    :meth:`draw`, :meth:`prompt`, :meth:`answer` and :meth:`verify`.
+    :meth:`random_problem`, :meth:`prompt`, :meth:`answer` and :meth:`verify`.
     """
 
     metric = "exact_match"
@@ -68,8 +68,9 @@ class GeneratedProblemTask(Task):
 
     # What a subclass defines --------------------------------------------------------------------------------
     @abstractmethod
-    def draw(self, rng: np.random.Generator, split: str) -> Hashable:
-        """One random problem of the distribution of ``split`` ("train" or "test"), before the hash split."""
+    def random_problem(self, rng: np.random.Generator, split: str, step: int | None = None) -> Hashable:
+        """One random problem of the distribution of ``split`` ("train" or "test"), before the hash split;
+        ``step`` is the training step the draw is for (None outside training), for tasks with a curriculum."""
 
     @abstractmethod
     def prompt(self, problem: Any) -> str:
@@ -97,10 +98,10 @@ class GeneratedProblemTask(Task):
         digest = hashlib.blake2b(self.prompt(problem).encode(), digest_size=8).digest()
         return int.from_bytes(digest, "little") % _BUCKETS < self._threshold
 
-    def sample_train(self, rng: np.random.Generator) -> Any:
-        """A random training problem (test problems are redrawn)."""
+    def sample_train(self, rng: np.random.Generator, step: int | None = None) -> Any:
+        """A random training problem for training step ``step`` (test problems are redrawn)."""
         while True:
-            problem = self.draw(rng, "train")
+            problem = self.random_problem(rng, "train", step)
             if not self.is_test(problem):
                 return problem
 
@@ -111,7 +112,7 @@ class GeneratedProblemTask(Task):
             seen: set[Any] = set()
             tests: list[Any] = []
             for _ in range(self.test_size * 200):
-                problem = self.draw(rng, "test")
+                problem = self.random_problem(rng, "test")
                 if problem not in seen and self.is_test(problem):
                     seen.add(problem)
                     tests.append(problem)
@@ -157,7 +158,7 @@ class GeneratedProblemTask(Task):
     def train_batch(self, step: int, batch_size: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """The training batch of ``step``: a pure function of ``(seed, step)``, so resuming needs no data state."""
         rng = np.random.default_rng([DATA_STREAM, int(seed) & 0xFFFFFFFF, int(step)])
-        return self.collate([self.sample_train(rng) for _ in range(batch_size)])
+        return self.collate([self.sample_train(rng, int(step)) for _ in range(batch_size)])
 
     def heldout_batches(
         self, batch_size: int, limit: int | None = None
