@@ -72,6 +72,16 @@ def test_the_hop_curriculum_grows_the_longest_chain_with_the_step():
     assert get_task("chains", hops="2-10").hop_range_at(0) == (2, 10)  # no warmup: no curriculum
 
 
+def test_the_statement_curriculum_starts_small_and_reaches_the_full_prompt():
+    task = get_task("chains", variables=12, hops="1-9", hops_warmup=800, warmup_variables=4)
+    assert [task.statements_at(s) for s in (0, 400, 800, 2000, None)] == [4, 8, 12, 12, 12]
+    assert len(task.random_problem(np.random.default_rng(0), "train", 0).statements) == 4
+    assert len(task.random_problem(np.random.default_rng(0), "test").statements) == 12
+    # Never fewer statements than the longest chain the curriculum draws at that step.
+    late = get_task("chains", variables=12, hops="1-12", hops_warmup=100, warmup_variables=2)
+    assert all(late.statements_at(s) >= late.hop_range_at(s)[1] for s in range(0, 120, 7))
+
+
 def test_every_hop_count_of_the_range_is_drawn():
     task = get_task("chains", variables=6, hops="2-5")
     rng = np.random.default_rng(0)
@@ -135,6 +145,7 @@ def test_malformed_prompts_get_one_clear_error(text, message):
         {"variables": 6, "test_hops": 9},
         {"hops": "two"},
         {"hops_warmup": -5},
+        {"hops": "3-8", "warmup_variables": 2},
     ],
 )
 def test_bad_options_are_refused(options):

@@ -20,7 +20,9 @@ Fan et al. 2024 study looped transformers on such tasks).
 
 Difficulty is the knob ``hops``: training draws the chain length uniformly from its range (with
 ``hops_warmup=N``, from a range whose top grows linearly from the lowest length to the highest over the first
-N training steps: a curriculum, a pure function of the step), and ``test_hops`` sets the held-out range, which may lie beyond every length trained (extrapolation). The number of
+N training steps, and with ``warmup_variables=V`` the statements grow from V to ``variables`` alike: a
+curriculum, a pure function of the step), and ``test_hops`` sets the held-out range, which may lie beyond
+every length trained (extrapolation). The number of
 statements stays ``variables`` for every length, so a harder problem is exactly as long as an easy one and no
 position is new to the model. Splits, token layout and batches are those of
 :class:`~latentloop.tasks.problems.GeneratedProblemTask`: a prompt is held out by its hash.
@@ -97,7 +99,8 @@ class ChainsTask(GeneratedProblemTask):
 
     Options: ``variables`` (statements per problem, 2-26), ``hops`` (training chain lengths, ``"lo-hi"``;
     by default 1 to 8 or ``variables``), ``hops_warmup`` (training steps over which the longest chain drawn
-    grows to the top of ``hops``; 0: no curriculum),
+    grows to the top of ``hops``; 0: no curriculum), ``warmup_variables`` (statements per problem at step 0,
+    growing to ``variables`` over ``hops_warmup``; by default ``variables``),
     ``test_hops`` (held-out chain lengths, by default ``hops``), ``test_fraction``, ``test_size``.
     """
 
@@ -109,6 +112,7 @@ class ChainsTask(GeneratedProblemTask):
         hops: Any = None,
         test_hops: Any = None,
         hops_warmup: int | str = 0,
+        warmup_variables: int | str | None = None,
         test_fraction: float | str = 0.05,
         test_size: int | str = 1000,
     ) -> None:
@@ -120,6 +124,11 @@ class ChainsTask(GeneratedProblemTask):
             self.hops if test_hops in (None, "") else hop_range(test_hops, "test_hops", self.variables)
         )
         self.hops_warmup = integer_option(self.name, hops_warmup, "hops_warmup", 0, 10**9)
+        self.warmup_variables = (
+            self.variables
+            if warmup_variables in (None, "")
+            else integer_option(self.name, warmup_variables, "warmup_variables", self.hops[0], self.variables)
+        )
         super().__init__(test_fraction, test_size)
         # Prompt (three characters a statement, then "?x="), answer digit and <eos>, less the last token.
         self.seq_len = 3 * self.variables + 4
@@ -132,16 +141,27 @@ class ChainsTask(GeneratedProblemTask):
             high = low + int((high - low) * min(1.0, step / self.hops_warmup))
         return low, high
 
+    def statements_at(self, step: int | None) -> int:
+        """Statements per training problem at training ``step`` (``warmup_variables`` growing to ``variables``
+        over ``hops_warmup``), never fewer than the longest chain drawn then."""
+        if not self.hops_warmup or step is None:
+            return self.variables
+        grown = self.warmup_variables + int(
+            (self.variables - self.warmup_variables) * min(1.0, step / self.hops_warmup)
+        )
+        return max(grown, self.hop_range_at(step)[1])
+
     def random_problem(
         self, rng: np.random.Generator, split: str = "train", step: int | None = None
     ) -> Chains:
         """A problem whose asked chain has a length drawn uniformly from the split's hop range (training: the
         range at ``step``, see :meth:`hop_range_at`)."""
         low, high = self.test_hops if split == "test" else self.hop_range_at(step)
+        count = self.variables if split == "test" else self.statements_at(step)
         hops = int(rng.integers(low, high + 1))
-        names = [LETTERS[i] for i in rng.permutation(len(LETTERS))[: self.variables]]
+        names = [LETTERS[i] for i in rng.permutation(len(LETTERS))[:count]]
         lengths = [hops]
-        remaining = self.variables - hops
+        remaining = count - hops
         while remaining:
             lengths.append(int(rng.integers(1, remaining + 1)))
             remaining -= lengths[-1]
