@@ -32,7 +32,7 @@ from latentloop.train.run_config import load_run_config
 DEFAULT_DEPTHS = (1, 2, 4, 8, 16, 32)
 
 
-def _task_for(
+def evaluation_task(
     checkpoint: Path, task_spec: str | None, task_options: dict[str, Any] | None = None
 ) -> tuple[Task, dict[str, Any]]:
     """The task to evaluate on: the run's own, with the options of ``task_spec`` (when it names the same
@@ -85,7 +85,7 @@ def evaluate_lm(
     if batch_size < 1:
         raise UsageError(f"batch size must be positive, got {batch_size}")
     checkpoint = resolve_checkpoint(run_or_checkpoint)
-    the_task, task_info = _task_for(checkpoint, task, task_options)
+    the_task, task_info = evaluation_task(checkpoint, task, task_options)
     if samples > 1 and the_task.metric != "exact_match":
         raise UsageError(
             f"samples > 1 votes over answers; task {task_info['name']!r} has no answers to vote on"
