@@ -25,11 +25,14 @@ from typing import Any
 
 import torch
 
+from latentloop.data.tokenizers import load_tokenizer
 from latentloop.errors import ArgumentParser, UsageError
+from latentloop.eval.lm import evaluation_task
 from latentloop.io import emit_json_report
 from latentloop.models.generation import generate
 from latentloop.models.parallel_sampler import ParallelSampler
 from latentloop.models.recurrent_depth import RecurrentDepthConfig, RecurrentDepthLM
+from latentloop.train.checkpoint import resolve_checkpoint
 
 SETTINGS = {
     "limit": {"wavefront": 1, "inner_steps": None, "freeze": "steps"},
@@ -61,10 +64,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def load_model_and_prompts(args: argparse.Namespace) -> tuple[RecurrentDepthLM, list[list[int]], str]:
     """The model, the prompts' token ids and a description of the model."""
-    from latentloop.data.tokenizers import load_tokenizer
-    from latentloop.eval.lm import evaluation_task
-    from latentloop.train.checkpoint import resolve_checkpoint
-
     if args.model is None:
         torch.manual_seed(0)
         config = RecurrentDepthConfig(
