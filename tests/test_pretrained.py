@@ -92,3 +92,17 @@ def test_the_shipped_nqueens_model_finds_several_completions_of_one_board(capsys
     assert code == 0 and payload["valid"] and payload["answer"] in completions
     assert len(set(listed)) == len(listed) == payload["distinct_valid"]
     assert set(listed) <= completions and len(listed) >= 2
+
+
+def test_solving_with_a_model_is_seeded(capsys):
+    """The sampling noise comes from --seed (default 0), not from whatever the RNG held: the same command gives
+    the same answer, and another seed other samples."""
+    puzzle = "." * 16 + "Q" + "." * 47
+    answers = []
+    for seed, draw in ((None, 1), (None, 2), ("1", 3)):
+        torch.manual_seed(draw)  # the caller's RNG state must not matter
+        extra = [] if seed is None else ["--seed", seed]
+        main(["solve", "nqueens", puzzle, "--samples", "20", "--select", "value", "--all", "--json", *extra])
+        answers.append(json.loads(capsys.readouterr().out)["valid_answers"])
+    assert answers[0] == answers[1]
+    assert answers[2] != answers[0]

@@ -139,6 +139,9 @@ def solve(
     colors: str | None = typer.Option(None, "--colors", help="Task option colors (graph colouring)."),
     samples: int = typer.Option(1, "--samples", help="With a model: parallel samples, chosen by --select."),
     select: str = typer.Option("vote", "--select", help="With a model: vote, value or first."),
+    seed: int = typer.Option(
+        0, "--seed", help="With a model: seed of the sampling noise (same seed, same answer)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
     """Solve a puzzle with the exact solver (--exact), a trained model (--model), or else the pretrained model
@@ -182,6 +185,7 @@ def solve(
             select=select,
             model_task=pretrained_task_spec(pretrained) if pretrained else None,
             list_valid=all_,
+            seed=seed,
         )
     _emit(as_json, payload, text)
     if not solved:

@@ -256,13 +256,30 @@ def solve_puzzle(
     select: str = "vote",
     model_task: str | None = None,
     list_valid: bool = False,
+    seed: int = 0,
 ) -> tuple[dict, str, bool]:
     """``latentloop solve TASK PUZZLE --model RUN``: ``(payload, text, solved)``. ``model_task`` names the
-    model's task when ``run`` is a bare checkpoint (a shipped pretrained model).
+    model's task when ``run`` is a bare checkpoint (a shipped pretrained model). ``seed`` seeds the model's
+    sampling noise, so the same call gives the same answer (the caller's RNG state is kept).
 
     With several samples the payload also counts the distinct answers among them that the verifier accepts
     (``distinct_valid``); ``list_valid`` lists those answers as well, before the chosen one."""
+    with torch.random.fork_rng(devices=[]):
+        return _solve_puzzle(run, task, puzzle, samples, select, model_task, list_valid, seed)
+
+
+def _solve_puzzle(
+    run: str,
+    task: Task,
+    puzzle: Any,
+    samples: int,
+    select: str,
+    model_task: str | None,
+    list_valid: bool,
+    seed: int,
+) -> tuple[dict, str, bool]:
     model, run_task, _, folder = load_run(run, model_task)
+    torch.manual_seed(seed)  # after building the model, whose (discarded) initial weights draw too
     if model.config.puzzles:
         if list_valid:
             raise UsageError("--all needs a task with a verifier; ARC answers are judged by the label")
