@@ -22,9 +22,8 @@ Difficulty is the knob ``hops``: training draws the chain length uniformly from 
 ``hops_warmup=N``, from a range whose top grows linearly from the lowest length to the highest over the first
 N training steps, and with ``warmup_variables=V`` the statements grow from V to ``variables`` alike: a
 curriculum, a pure function of the step), and ``test_hops`` sets the held-out range, which may lie beyond
-every length trained (extrapolation). The number of
-statements stays ``variables`` for every length, so a harder problem is exactly as long as an easy one and no
-position is new to the model. Splits, token layout and batches are those of
+every length trained (extrapolation). Held-out problems always have ``variables`` statements, so a harder
+tier is exactly as long as an easy one and no position is new to the model. Splits, token layout and batches are those of
 :class:`~latentloop.tasks.problems.GeneratedProblemTask`: a prompt is held out by its hash.
 """
 
