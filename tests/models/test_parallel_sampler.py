@@ -88,5 +88,11 @@ def test_unknown_samplers_and_incompatible_options_are_refused(tiny_lm, prompt):
         generate(tiny_lm, prompt, max_new_tokens=2, sampler="beam")
     with pytest.raises(UsageError, match="kv_share"):
         generate(tiny_lm, prompt, max_new_tokens=2, sampler="parallel", kv_share=2)
+    with pytest.raises(UsageError, match="num_samples=1"):
+        generate(tiny_lm, prompt, max_new_tokens=2, sampler="parallel", init_scale=1.0, num_samples=3)
+    with pytest.raises(UsageError, match="attention_mask"):
+        generate(
+            tiny_lm, prompt, max_new_tokens=2, sampler="parallel", attention_mask=torch.ones_like(prompt)
+        )
     with pytest.raises(UsageError, match="one prompt"):
         generate(tiny_lm, prompt.repeat(2, 1), max_new_tokens=2, sampler="parallel")

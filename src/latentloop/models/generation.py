@@ -197,8 +197,10 @@ def generate(
             raise UsageError(
                 "num_samples > 1 needs init_scale > 0: trajectories from the zero state are all the same"
             )
-        if speculative is not None:
-            raise UsageError("speculative decoding runs one sequence at a time; it takes num_samples=1")
+        if speculative is not None or _parse_sampler(sampler) is not None:
+            raise UsageError(
+                "speculative decoding and the parallel sampler run one sequence at a time; they take num_samples=1"
+            )
         wide = generate(
             model,
             input_ids.repeat_interleave(num_samples, dim=0),
@@ -247,7 +249,7 @@ def generate(
                 ("use_cache", use_cache, True),
                 ("attention_mask", attention_mask, None),
             )
-            if value is not default and value != default
+            if value is not default
         ]
         if changed:
             raise UsageError(f"the parallel sampler does not combine with {', '.join(changed)}")
