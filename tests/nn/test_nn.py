@@ -38,6 +38,15 @@ def test_rope_rotates_adjacent_pairs_like_complex_multiplication():
     torch.testing.assert_close(rotated[:, 0], x[:, 0])
 
 
+def test_rope_tables_stay_fp32_when_the_model_is_cast_to_bf16():
+    rope = RotaryEmbedding(head_dim=8, max_positions=4096)
+    exact = rope.tables(torch.tensor([4000]))
+    rope = rope.to(torch.bfloat16)
+    assert rope.rotations.dtype == torch.float32
+    # a bf16 table would round cos/sin of large angles by up to 2^-9
+    torch.testing.assert_close(rope.tables(torch.tensor([4000])), exact, atol=0, rtol=0)
+
+
 def test_rope_scores_depend_only_on_relative_position():
     rope = RotaryEmbedding(head_dim=8, max_positions=64, base=10_000)
     q, k = torch.randn(1, 1, 1, 8), torch.randn(1, 1, 1, 8)

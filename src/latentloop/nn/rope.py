@@ -1,7 +1,9 @@
 """Rotary position embedding over *adjacent* pairs of dimensions (the complex-number convention).
 
 Each pair ``(x[2i], x[2i+1])`` is read as the complex number ``x[2i] + j x[2i+1]`` and multiplied by
-``exp(j * position * base ** (-2i / head_dim))``; the rotation runs in fp32.
+``exp(j * position * base ** (-2i / head_dim))``; the rotation runs in fp32. The product is written out in
+real arithmetic on ``(cos, sin)`` tables, which gives the same bits as complex multiplication and, unlike
+complex tensors, compiles with ``torch.compile``.
 """
 
 from __future__ import annotations
@@ -24,23 +26,35 @@ def huginn_freqs_cis(head_dim: int, max_positions: int, base: float) -> torch.Te
 
 
 class RotaryEmbedding(nn.Module):
-    """Holds the unit complex rotations ``[max_positions, head_dim // 2]`` and looks them up by position."""
+    """Holds the rotations ``[max_positions, head_dim // 2, 2]`` as ``(cos, sin)`` pairs and looks them up by
+    position."""
 
     def __init__(self, head_dim: int, max_positions: int, base: float = 10_000.0) -> None:
         super().__init__()
         self.head_dim = head_dim
         self.base = base
         self.max_positions = max_positions
-        angles = self.angles()
-        self.register_buffer("rotations", torch.polar(torch.ones_like(angles), angles), persistent=False)
+        self.register_buffer("rotations", self.cos_sin(), persistent=False)
 
     def angles(self) -> torch.Tensor:
         """The rotation angles ``[max_positions, head_dim // 2]`` of every position."""
         return rope_frequencies(self.head_dim, self.max_positions, self.base)
 
+    def cos_sin(self) -> torch.Tensor:
+        """``(cos, sin)`` of every angle, ``[max_positions, head_dim // 2, 2]`` in fp32."""
+        angles = self.angles()
+        return torch.stack([angles.cos(), angles.sin()], -1)
+
+    def _apply(self, fn, recurse=True):
+        super()._apply(fn, recurse)
+        # Casting a model to bf16 must not round its rotations: the rotation runs in fp32 whatever the weights.
+        if self.rotations.dtype != torch.float32:
+            self.rotations = self.cos_sin().to(self.rotations.device)
+        return self
+
     def tables(self, positions: torch.Tensor) -> torch.Tensor:
-        """Rotations for ``positions`` ([S] or [B, S]) shaped ``[1 or B, S, 1, head_dim // 2]``, which broadcast
-        over ``[B, S, heads, head_dim // 2]``."""
+        """Rotations for ``positions`` ([S] or [B, S]) shaped ``[1 or B, S, 1, head_dim // 2, 2]``, which
+        broadcast over the pairs ``[B, S, heads, head_dim // 2, 2]``."""
         if int(positions.max()) >= self.max_positions:
             raise ValueError(f"position {int(positions.max())} exceeds block_size {self.max_positions}")
         rotations = self.rotations[positions]
@@ -73,7 +87,9 @@ class AxialRotaryEmbedding(RotaryEmbedding):
 
 
 def apply_rope(x: torch.Tensor, rotations: torch.Tensor) -> torch.Tensor:
-    """Rotate adjacent pairs of ``x`` ([B, S, ..., head_dim]) by complex ``rotations`` that broadcast over
-    ``[B, S, ..., head_dim // 2]``; computed in fp32 and cast back to ``x``'s dtype."""
-    pairs = torch.view_as_complex(x.float().unflatten(-1, (-1, 2)))
-    return torch.view_as_real(pairs * rotations).flatten(-2).type_as(x)
+    """Rotate adjacent pairs of ``x`` ([B, S, ..., head_dim]) by ``rotations`` (``(cos, sin)`` pairs from
+    :meth:`RotaryEmbedding.tables`, broadcasting over ``[B, S, ..., head_dim // 2, 2]``); computed in fp32 and
+    cast back to ``x``'s dtype."""
+    real, imag = x.float().unflatten(-1, (-1, 2)).unbind(-1)
+    cos, sin = rotations.unbind(-1)
+    return torch.stack([real * cos - imag * sin, real * sin + imag * cos], -1).flatten(-2).type_as(x)
