@@ -25,6 +25,9 @@ def test_generate_json_reports_text_tokens_speed_and_iterations(tmp_path, capsys
     assert json.loads(capsys.readouterr().out)["tokens"] == plain["tokens"]
     assert main(["generate", *args, "--json", "--speculative", "1"]) == 0
     assert json.loads(capsys.readouterr().out)["tokens"] == plain["tokens"]
+    assert main(["generate", *args, "--json", "--compile"]) == 0
+    compiled = json.loads(capsys.readouterr().out)
+    assert compiled["tokens"] == plain["tokens"] and compiled["compile"] is True
     limit = ["--sampler", "parallel", "--wavefront", "1", "--inner-steps", "4", "--freeze", "steps"]
     assert main(["generate", *args, "--json", "--kv-share", "1"]) == 0
     one_slot = json.loads(capsys.readouterr().out)["tokens"]
@@ -44,6 +47,7 @@ def test_generate_bad_input_exits_2_with_one_line(tmp_path, capsys):
         [str(folder), "hi", "--sampler", "parallel", "--wavefront", "0"],
         [str(folder), "hi", "--sampler", "parallel", "--freeze", "often"],
         [str(folder), "hi", "--sampler", "parallel", "--speculative", "1"],
+        [str(folder), "hi", "--compile", "--speculative", "1"],
     ]
     for args in cases:
         assert main(["generate", *args]) == 2, args

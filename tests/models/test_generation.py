@@ -191,3 +191,46 @@ def test_trajectories_from_random_states_differ_and_from_the_zero_state_do_not(t
 def test_bad_widths_are_refused(tiny_lm, prompt, kwargs):
     with pytest.raises(UsageError, match="num_samples"):
         generate(tiny_lm, prompt, max_new_tokens=2, **{"init_scale": 1.0, **kwargs})
+
+
+def test_compiled_decoding_computes_what_eager_decoding_does(tiny_lm):
+    """Every state of every core iteration, and the tokens, of a left-padded batch with a shared cache and a
+    per-row exit: the compiled steps write the same cache positions and mask the same keys."""
+    g = torch.Generator().manual_seed(6)
+    batch = torch.randint(1, 96, (3, 8), generator=g)
+    mask = torch.ones_like(batch)
+    mask[1, :3] = mask[2, :5] = 0
+    settings = [
+        dict(kv_share=3, return_trajectory=True, return_logits=True),
+        dict(attention_mask=mask, exit="latent-diff:0.05", continuous=True, return_logits=True),
+    ]
+    for options in settings:
+        runs = [
+            generate(
+                tiny_lm, batch, max_new_tokens=9, num_steps=5, init_scale=0.0, compile=compiled, **options
+            )
+            for compiled in (False, True)
+        ]
+        eager, compiled = runs
+        assert torch.equal(compiled.sequences, eager.sequences), options
+        assert torch.equal(compiled.steps, eager.steps), options
+        for a, b in zip(eager.trajectories, compiled.trajectories, strict=True):
+            torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(compiled.logits, eager.logits, atol=1e-5, rtol=1e-5)
+    assert len(runs[0].steps.unique()) > 1  # the exit took rows out at different depths
+
+
+def test_compiled_decoding_refuses_what_it_does_not_run(tiny_lm, prompt):
+    for options in (dict(use_cache=False), dict(speculative=2), dict(sampler="parallel")):
+        with pytest.raises(UsageError, match="compile"):
+            generate(tiny_lm, prompt, max_new_tokens=4, num_steps=4, init_scale=0.0, compile=True, **options)
+
+
+def test_returned_logits_are_those_of_a_full_forward_pass_over_the_prefix(tiny_lm, prompt):
+    out = generate(tiny_lm, prompt, max_new_tokens=6, num_steps=4, init_scale=0.0, return_logits=True)
+    start = prompt.shape[1]
+    assert out.logits.shape == (1, 6, tiny_lm.config.vocab_size)
+    with torch.no_grad():
+        full = tiny_lm(out.sequences[:, :-1], num_steps=4, init_scale=0.0).logits[:, start - 1 :]
+    torch.testing.assert_close(out.logits, full, atol=1e-5, rtol=1e-5)
+    assert torch.equal(out.logits.argmax(-1), out.sequences[:, start:])

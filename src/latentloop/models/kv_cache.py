@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from latentloop.nn import KVHook
+
 
 @dataclass(frozen=True)
 class LayerKey:
@@ -116,3 +118,44 @@ class RecurrentKVCache:
     def nbytes(self) -> int:
         """Bytes held by all key and value buffers."""
         return sum(t.numel() * t.element_size() for store in (self.keys, self.values) for t in store.values())
+
+
+class DecodeSlots:
+    """The cache buffers of one decoding step, picked out of a :class:`RecurrentKVCache` beforehand.
+
+    A compiled step sees only tensors of fixed shapes: one full-capacity (key, value) pair per layer (the core's
+    those of ``iteration``'s slot), and the position to write as a tensor, so one compiled graph serves every
+    token, iteration and slot. Attention then reads the whole buffer, so the caller masks the positions not
+    yet written.
+    """
+
+    def __init__(self, cache: RecurrentKVCache, iteration: int, position: torch.Tensor) -> None:
+        slot = cache.slot(iteration)
+        self.buffers = {
+            (key.part, key.layer): (cache.keys[key], cache.values[key])
+            for key in cache.keys
+            if key.part != "core" or key.slot == slot
+        }
+        self.position = position
+
+    def slot(self, iteration: int) -> int:
+        """Every iteration maps to the buffers chosen at construction."""
+        return 0
+
+    def hook(self, key: LayerKey, start: int, rows: torch.Tensor | None = None) -> KVHook:
+        """A KV hook that writes this step's keys and values (of ``rows`` only, if given) at ``position`` and
+        returns the whole buffers."""
+        key_buf, value_buf = self.buffers[(key.part, key.layer)]
+        position = self.position
+
+        def update(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            k, v = k.to(key_buf.dtype), v.to(value_buf.dtype)
+            if rows is not None:
+                keep = rows[:, None, None, None]
+                k = torch.where(keep, k, key_buf.index_select(2, position))
+                v = torch.where(keep, v, value_buf.index_select(2, position))
+            key_buf.index_copy_(2, position, k)
+            value_buf.index_copy_(2, position, v)
+            return key_buf, value_buf
+
+        return update

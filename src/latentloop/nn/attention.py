@@ -18,7 +18,7 @@ class Attention(nn.Module):
     """Self-attention with one fused ``Wqkv`` projection and an output ``proj``.
 
     ``qk_bias`` ([2, 1, heads, head_dim]) is a learned offset added to queries and keys before the rotary
-    embedding ``rope`` (complex rotations from :meth:`RotaryEmbedding.tables`). ``mask`` is boolean (True = may attend) and broadcasts to [B, heads, S_q, S_k]; without a mask,
+    embedding ``rope`` (the rotations of :meth:`RotaryEmbedding.tables`). ``mask`` is boolean (True = may attend) and broadcasts to [B, heads, S_q, S_k]; without a mask,
     ``causal`` selects causal or bidirectional attention.
     """
 
@@ -52,7 +52,12 @@ class Attention(nn.Module):
         v = qkv[:, :, 2].transpose(1, 2)
         if kv_hook is not None:
             k, v = kv_hook(k, v)
-        if mask is not None:
+        if mask is not None and length == 1 and torch.compiler.is_compiling():
+            # One query (a decoding step): written out, the softmax fuses into the compiled graph, where the
+            # SDPA kernel would be a separate call that costs more than its arithmetic.
+            scores = (q @ k.transpose(-1, -2)) * self.head_dim**-0.5
+            out = scores.masked_fill(~mask, float("-inf")).softmax(-1) @ v
+        elif mask is not None:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         elif causal and length > 1:
             if k.shape[2] != length:
