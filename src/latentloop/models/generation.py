@@ -6,8 +6,8 @@ The prompt is prefilled at full depth in one pass. Each new token then runs the 
 iteration at a time (so a token can stop early), and the coda once.
 
 With ``compile=True`` those three pieces of a new token run as ``torch.compile`` graphs. At batch 1 on a CPU,
-eager decoding spends more time dispatching small kernels (norms, rotations, residuals) than multiplying
-matrices; a compiled graph fuses them. The graphs see only fixed shapes (the cache is sized for the whole call,
+eager decoding spends about half its time dispatching small kernels (norms, rotations, residuals) around the
+matrix-vector products; a compiled graph fuses them. The graphs see only fixed shapes (the cache is sized for the whole call,
 to a power of two, and attention masks what is not yet written; see
 :class:`~latentloop.models.kv_cache.DecodeSlots`), so one compilation serves every token, iteration and cache
 slot of every later call of that size.
