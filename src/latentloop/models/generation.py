@@ -396,6 +396,7 @@ class _Decoder:
         self.compiled = _compiled_steps() if compiled else None
         self.position = torch.zeros(1, dtype=torch.long, device=self.device)  # where a compiled step writes
         self.slot_buffers: dict[int, DecodeSlots] = {}
+        self.views: dict[int, StepContext] = {}  # this token's contexts, by slot
         if compiled:
             # Few distinct sizes, so few compilations; attention over the unwritten tail is masked.
             capacity = min(config.block_size, max(64, 1 << (capacity - 1).bit_length()))
@@ -512,7 +513,7 @@ class _Decoder:
         if self.mask is not None:
             written = written & F.pad(self.mask.bool(), (0, cache.capacity - self.mask.shape[1]))
         self.position.fill_(cache.length)
-        self.views: dict[int, StepContext] = {}
+        self.views = {}
         return dataclasses.replace(ctx, mask=written.view(-1, 1, 1, cache.capacity))
 
     def _slots(self, ctx: StepContext, iteration: int) -> StepContext:
