@@ -485,16 +485,13 @@ def generation_runners(
     def config() -> Any:
         return GenerationConfig(max_new_tokens=n, do_sample=False, use_cache=True, pad_token_id=0)
 
+    def latentloop(compiled: bool) -> torch.Tensor:
+        return generate(
+            ours, prompt, max_new_tokens=n, num_steps=depth, init_scale=0.0, compile=compiled
+        ).sequences
+
     runners: dict[str, Callable[[], torch.Tensor]] = {
-        name: functools.partial(
-            lambda compiled: (
-                generate(
-                    ours, prompt, max_new_tokens=n, num_steps=depth, init_scale=0.0, compile=compiled
-                ).sequences
-            ),
-            compiled,
-        )
-        for name, compiled in OURS.items()
+        name: functools.partial(latentloop, compiled) for name, compiled in OURS.items()
     }
     if "minimal" in args.reference_generate:
         # generate_minimal reads max_new_tokens from its keyword arguments, not from the GenerationConfig

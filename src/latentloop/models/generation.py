@@ -603,7 +603,7 @@ def _predict_step(model: RecurrentDepthLM, state: torch.Tensor, ctx: StepContext
 @functools.cache
 def _compiled_steps() -> SimpleNamespace:
     """The three pieces of a new token, each compiled once per process (graphs are cached by shape)."""
-    # cpp_wrapper: the graph's kernels are launched from C++, not from a Python wrapper (about 1.2x per token)
+    # cpp_wrapper: the graph's kernels are launched from C++, not from a Python wrapper (1.2-1.3x per token)
     options = dict(fullgraph=True, dynamic=False, options={"cpp_wrapper": True})
     return SimpleNamespace(
         embed=torch.compile(_embed_step, **options),
