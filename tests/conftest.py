@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+import importlib
+import os
+import sys
+
 import pytest
 import torch
 
 from latentloop.models.recurrent_depth import RecurrentDepthConfig, RecurrentDepthLM
 from tests.tiny import TINY_REASONER, tiny_run
+
+# The suite never reaches the network: a Hub model id (org/name) is looked up in the local cache only.
+# huggingface_hub reads the variable once, when imported (latentloop imports it only when a Hub id is used);
+# child processes inherit it.
+os.environ["HF_HUB_OFFLINE"] = "1"
+if "huggingface_hub" in sys.modules:
+    importlib.import_module("huggingface_hub.constants").HF_HUB_OFFLINE = True
 
 
 def tiny_config(**overrides) -> RecurrentDepthConfig:

@@ -39,6 +39,7 @@ def test_save_writes_the_layout_and_keeps_the_last_n(tmp_path):
         path = save_checkpoint(tmp_path, step, model, optimizer, {"tokens_seen": step * 4}, keep=2)
         assert path.name == f"step_{step:08d}"
         assert sorted(p.name for p in path.iterdir()) == [
+            "README.md",  # the model card: a checkpoint folder is ready to push to the Hub
             "config.json",
             "model.safetensors",
             "optimizer.pt",

@@ -210,6 +210,6 @@ def test_resuming_never_uses_an_incomplete_checkpoint(tmp_path):
     result = train(config, out)
     assert result.resumed_from == 2 and result.step == 4
     assert sorted(p.name for p in partial.iterdir()) == sorted(
-        ["config.json", "model.safetensors", "optimizer.pt", "trainer_state.json"]
+        ["README.md", "config.json", "model.safetensors", "optimizer.pt", "trainer_state.json"]
     )
     assert not [name for name in os.listdir(out / "checkpoints") if name.startswith((".old-", ".tmp-"))]

@@ -33,6 +33,9 @@ data_app = typer.Typer(help="Build datasets on disk.", no_args_is_help=True)
 app.add_typer(data_app, name="data")
 
 # Options that several commands share.
+REVISION = typer.Option(
+    None, "--revision", help="With a Hub model id (org/name): its branch, tag or commit (default main)."
+)
 TEMPERATURE = typer.Option(
     1.0,
     "--temperature",

@@ -3,20 +3,21 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import typer
 
-from latentloop.cli.app import app
+from latentloop.cli.app import REVISION, app
 from latentloop.errors import UsageError
 
 
 @app.command()
 def generate(
-    model: Path = typer.Argument(
-        ..., help="Checkpoint folder (config.json + model.safetensors) or a run folder."
+    model: str = typer.Argument(
+        ...,
+        help="Checkpoint folder (config.json + model.safetensors), a run folder, or a Hub model id org/name.",
     ),
     prompt: str = typer.Argument(..., help="The text to continue."),
+    revision: str = REVISION,
     num_steps: int = typer.Option(
         None, "--num-steps", "-r", help="Core iterations per token (default: the mean)."
     ),
@@ -78,6 +79,7 @@ def generate(
     import torch
 
     from latentloop.data.tokenizers import load_tokenizer
+    from latentloop.hub import resolve_model
     from latentloop.models.generation import ExitCriterion
     from latentloop.models.generation import generate as run_generation
     from latentloop.models.parallel_sampler import ParallelSampler
@@ -101,7 +103,7 @@ def generate(
         if sampler == "parallel"
         else "sequential"
     )
-    folder = resolve_checkpoint(model)
+    folder = resolve_checkpoint(resolve_model(model, revision))
     lm = RecurrentDepthLM.from_pretrained(folder)
     tok_spec = tokenizer or (folder / "tokenizer.json" if (folder / "tokenizer.json").is_file() else None)
     tok = load_tokenizer(tok_spec)

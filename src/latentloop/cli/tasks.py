@@ -11,7 +11,7 @@ from typing import Any
 
 import typer
 
-from latentloop.cli.app import app, data_app
+from latentloop.cli.app import REVISION, app, data_app
 from latentloop.errors import UsageError
 from latentloop.tasks.base import Task, get_task, parse_task_spec
 
@@ -122,6 +122,23 @@ def check(
 # ------------------------------------------------------------------------------------------------------
 
 
+def _checkpoint_task(model: str, task: Task, options: dict[str, str]) -> str | None:
+    """The task spec of a checkpoint outside a run folder: that of its ``run.yaml`` (a shipped model, or a copy
+    of one from the Hub), else the task named on the command line; ``None`` inside a run (its config says)."""
+    from latentloop.pretrained import pretrained_task_spec
+    from latentloop.train.checkpoint import resolve_checkpoint, run_folder_of
+
+    checkpoint = resolve_checkpoint(model)
+    if run_folder_of(checkpoint) is not None:
+        return None
+    if (checkpoint / "run.yaml").is_file():
+        try:
+            return pretrained_task_spec(checkpoint)
+        except (KeyError, TypeError, AttributeError):
+            raise UsageError(f"{checkpoint / 'run.yaml'} has no task section with a name") from None
+    return ":".join([task.name, ",".join(f"{key}={value}" for key, value in options.items())]).rstrip(":")
+
+
 @app.command("solve", context_settings=_EXTRA)
 def solve(
     ctx: typer.Context,
@@ -129,8 +146,11 @@ def solve(
     puzzle: str = typer.Argument(..., help="The puzzle in the task's text form."),
     exact: bool = typer.Option(False, "--exact", help="Use the classical exact solver."),
     model: str | None = typer.Option(
-        None, "--model", help="Use a trained model (run folder or checkpoint); default: the pretrained one."
+        None,
+        "--model",
+        help="Use a trained model (run folder, checkpoint or Hub model id org/name); default: the pretrained one.",
     ),
+    revision: str | None = REVISION,
     all_: bool = typer.Option(
         False, "--all", help="List every solution (up to --limit); with a model, the distinct valid samples."
     ),
@@ -161,6 +181,14 @@ def solve(
         model = str(pretrained)
         if not options:  # the shipped model fixes the puzzle size (e.g. 6x6 Sudoku)
             the_task, _ = _task(pretrained_task_spec(pretrained), ctx)
+    model_task = None
+    if model is not None and pretrained is None:
+        from latentloop.hub import resolve_model
+
+        model = str(resolve_model(model, revision))
+        model_task = _checkpoint_task(model, the_task, options)
+        if model_task is not None and not options:  # a shipped model's copy fixes the puzzle size too
+            the_task, _ = _task(model_task, ctx)
     try:
         the_puzzle = the_task.parse(puzzle)
     except UsageError as error:
@@ -183,7 +211,7 @@ def solve(
             the_puzzle,
             samples=samples,
             select=select,
-            model_task=pretrained_task_spec(pretrained) if pretrained else None,
+            model_task=pretrained_task_spec(pretrained) if pretrained else model_task,
             list_valid=all_,
             seed=seed,
         )

@@ -10,7 +10,7 @@ from typing import Any
 
 import typer
 
-from latentloop.cli.app import TEMPERATURE, app, data_app  # noqa: F401
+from latentloop.cli.app import REVISION, TEMPERATURE, app, data_app  # noqa: F401
 from latentloop.errors import UsageError
 
 
@@ -162,7 +162,12 @@ def _parse_depths(text: str) -> list[int]:
 
 @app.command("eval")
 def eval_command(
-    run: str = typer.Argument(..., help="Run folder (its newest checkpoint) or checkpoint folder."),
+    run: str = typer.Argument(
+        ...,
+        help="Run folder (its newest checkpoint), checkpoint folder, or Hub model id org/name (then the "
+        "reports are printed, not written into the Hugging Face cache).",
+    ),
+    revision: str = REVISION,
     num_steps: str = typer.Option("1,2,4,8,16,32", "--num-steps", help="Comma-separated test-time depths."),
     task: str = typer.Option(
         None,
@@ -205,7 +210,10 @@ def eval_command(
     if samples is not None and samples < 1:
         raise UsageError(f"--samples must be at least 1, got {samples}")
     from latentloop.families import REASONER, family_of_run
+    from latentloop.hub import from_hub, resolve_model
 
+    write = not from_hub(run)
+    run = str(resolve_model(run, revision))
     if family_of_run(run) is REASONER:
         from latentloop.eval.reasoners import evaluate_reasoner
         from latentloop.eval.reasoners import markdown_table as reasoner_table
@@ -222,6 +230,7 @@ def eval_command(
             seed=seed,
             halt=halt,
             split=split,
+            write=write,
         )
         typer.echo(json.dumps(report) if json_output else reasoner_table(report).rstrip())
         if not json_output:
@@ -240,6 +249,7 @@ def eval_command(
         init_scale=init_scale,
         task=task,
         samples=1 if samples is None else samples,
+        write=write,
     )
     if json_output:
         typer.echo(json.dumps(report))
@@ -271,7 +281,10 @@ def fit_value_command(
     puzzles, labelled by the task's verifier. Writes value_head.safetensors into the checkpoint, which eval,
     solve and `--select value` then use."""
     from latentloop.families import REASONER, family_of_run
+    from latentloop.hub import from_hub
 
+    if from_hub(run):  # the fitted head is written into the checkpoint, never into the Hugging Face cache
+        raise UsageError(f"{run} does not exist (fit-value writes into a local run or checkpoint folder)")
     if family_of_run(run) is not REASONER:
         raise UsageError(f"{run} is not a puzzle-reasoner run: fit-value fits the value head of GRAM")
     from latentloop.eval.reasoners import load_run, run_dataset

@@ -25,6 +25,7 @@ from torch.utils.checkpoint import checkpoint
 
 from latentloop.config import from_dict
 from latentloop.errors import UsageError
+from latentloop.hub import lm_model_card, push_folder, resolve_model, write_model_card
 from latentloop.models.generation import generate
 from latentloop.models.huginn_format import load_huginn, save_huginn
 from latentloop.models.kv_cache import LayerKey, RecurrentKVCache
@@ -386,15 +387,52 @@ class RecurrentDepthLM(nn.Module):
         return state
 
     def save_pretrained(self, path: str | Path) -> None:
-        """Write ``config.json`` and ``model.safetensors`` (huginn-0125 layout) into ``path``, atomically."""
+        """Write ``config.json`` and ``model.safetensors`` (huginn-0125 layout) into ``path``, atomically, with
+        a Hub model card ``README.md``: the folder is ready for ``push_to_hub`` or ``hf upload``."""
         save_huginn(self, Path(path))
+        write_model_card(path, self.model_card())
+
+    def model_card(self, repo_id: str | None = None) -> str:
+        """The ``README.md`` that :meth:`save_pretrained` writes (its usage names ``repo_id``)."""
+        return lm_model_card(self.config, self.num_parameters(), repo_id)
+
+    def push_to_hub(
+        self,
+        repo_id: str,
+        *,
+        private: bool | None = None,
+        token: str | bool | None = None,
+        revision: str | None = None,
+        commit_message: str | None = None,
+    ) -> str:
+        """Upload :meth:`save_pretrained`'s folder to Hub repository ``repo_id`` (created when missing);
+        returns the commit's URL."""
+        return push_folder(
+            self.save_pretrained,
+            self.model_card,
+            repo_id,
+            private=private,
+            token=token,
+            revision=revision,
+            commit_message=commit_message,
+        )
 
     @classmethod
     def from_pretrained(
-        cls, path: str | Path, dtype: torch.dtype | None = torch.float32, device: str | torch.device = "cpu"
+        cls,
+        path: str | Path,
+        dtype: torch.dtype | None = torch.float32,
+        device: str | torch.device = "cpu",
+        *,
+        revision: str | None = None,
+        cache_dir: str | Path | None = None,
+        token: str | bool | None = None,
     ) -> RecurrentDepthLM:
-        """Load ``config.json`` and ``model.safetensors`` (or a sharded index) from a local folder."""
-        return load_huginn(cls, load_config_json(Path(path)), Path(path), dtype=dtype, device=device)
+        """Load ``config.json`` and ``model.safetensors`` (or a sharded index) from a local folder, or from a
+        Hub repository id ``org/name`` at ``revision`` through the Hugging Face cache (``cache_dir``,
+        ``token``: see :func:`latentloop.hub.resolve_model`; a local folder of the same name wins)."""
+        folder = resolve_model(path, revision=revision, cache_dir=cache_dir, token=token)
+        return load_huginn(cls, load_config_json(folder), folder, dtype=dtype, device=device)
 
     def num_parameters(self) -> int:
         """Distinct parameters (tied weights counted once)."""

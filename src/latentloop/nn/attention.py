@@ -18,12 +18,16 @@ class Attention(nn.Module):
     """Self-attention with one fused ``Wqkv`` projection and an output ``proj``.
 
     ``qk_bias`` ([2, 1, heads, head_dim]) is a learned offset added to queries and keys before the rotary
-    embedding ``rope`` (the rotations of :meth:`RotaryEmbedding.tables`). ``mask`` is boolean (True = may attend) and broadcasts to [B, heads, S_q, S_k]; without a mask,
+    embedding ``rope`` (the rotations of :meth:`RotaryEmbedding.tables`; ``rope_halves`` rotates the halves of
+    each head rather than its adjacent pairs, see :func:`apply_rope`). ``mask`` is boolean (True = may attend) and broadcasts to [B, heads, S_q, S_k]; without a mask,
     ``causal`` selects causal or bidirectional attention.
     """
 
-    def __init__(self, dim: int, n_heads: int, qk_bias: bool = False, bias: bool = False) -> None:
+    def __init__(
+        self, dim: int, n_heads: int, qk_bias: bool = False, bias: bool = False, rope_halves: bool = False
+    ) -> None:
         super().__init__()
+        self.rope_halves = rope_halves
         if dim % n_heads:
             raise ValueError(f"hidden size {dim} is not divisible by {n_heads} heads")
         self.n_heads = n_heads
@@ -47,7 +51,7 @@ class Attention(nn.Module):
         if self.qk_bias is not None:
             qk = qk + self.qk_bias.view(2, self.n_heads, self.head_dim)
         if rope is not None:
-            qk = apply_rope(qk, rope.unsqueeze(2))
+            qk = apply_rope(qk, rope.unsqueeze(2), self.rope_halves)
         q, k = qk.transpose(1, 3).unbind(2)
         v = qkv[:, :, 2].transpose(1, 2)
         if kv_hook is not None:

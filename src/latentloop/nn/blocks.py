@@ -24,9 +24,11 @@ class _Block(Block):
         eps: float = 1e-6,
         qk_bias: bool = False,
         bias: bool = False,
+        norm_weight: bool = True,
+        rope_halves: bool = False,
     ) -> None:
         super().__init__()
-        self.attn = Attention(dim, n_heads, qk_bias=qk_bias, bias=bias)
+        self.attn = Attention(dim, n_heads, qk_bias=qk_bias, bias=bias, rope_halves=rope_halves)
         self.mlp = GatedMLP(dim, hidden, bias=bias)
 
 
@@ -41,12 +43,14 @@ class SandwichBlock(_Block):
         eps: float = 1e-6,
         qk_bias: bool = False,
         bias: bool = False,
+        norm_weight: bool = True,
+        rope_halves: bool = False,
     ):
-        super().__init__(dim, n_heads, hidden, eps, qk_bias, bias)
-        self.norm_1 = RMSNorm(dim, eps)
-        self.norm_2 = RMSNorm(dim, eps)
-        self.norm_3 = RMSNorm(dim, eps)
-        self.norm_4 = RMSNorm(dim, eps)
+        super().__init__(dim, n_heads, hidden, eps, qk_bias, bias, norm_weight, rope_halves)
+        self.norm_1 = RMSNorm(dim, eps, norm_weight)
+        self.norm_2 = RMSNorm(dim, eps, norm_weight)
+        self.norm_3 = RMSNorm(dim, eps, norm_weight)
+        self.norm_4 = RMSNorm(dim, eps, norm_weight)
 
     def forward(
         self,
@@ -71,10 +75,12 @@ class PreNormBlock(_Block):
         eps: float = 1e-6,
         qk_bias: bool = False,
         bias: bool = False,
+        norm_weight: bool = True,
+        rope_halves: bool = False,
     ):
-        super().__init__(dim, n_heads, hidden, eps, qk_bias, bias)
-        self.norm_1 = RMSNorm(dim, eps)
-        self.norm_2 = RMSNorm(dim, eps)
+        super().__init__(dim, n_heads, hidden, eps, qk_bias, bias, norm_weight, rope_halves)
+        self.norm_1 = RMSNorm(dim, eps, norm_weight)
+        self.norm_2 = RMSNorm(dim, eps, norm_weight)
 
     def forward(
         self,
@@ -99,10 +105,12 @@ class PostNormBlock(_Block):
         eps: float = 1e-6,
         qk_bias: bool = False,
         bias: bool = False,
+        norm_weight: bool = True,
+        rope_halves: bool = False,
     ):
-        super().__init__(dim, n_heads, hidden, eps, qk_bias, bias)
-        self.norm_1 = RMSNorm(dim, eps)
-        self.norm_2 = RMSNorm(dim, eps)
+        super().__init__(dim, n_heads, hidden, eps, qk_bias, bias, norm_weight, rope_halves)
+        self.norm_1 = RMSNorm(dim, eps, norm_weight)
+        self.norm_2 = RMSNorm(dim, eps, norm_weight)
 
     def forward(
         self,
@@ -120,19 +128,37 @@ BLOCKS = {"sandwich": SandwichBlock, "pre-norm": PreNormBlock, "post-norm": Post
 
 
 class SequenceMLPBlock(Block):
-    """A post-norm block whose token mixer is a gated MLP *over the sequence* (TRM's Sudoku variant)."""
+    """A post-norm block whose token mixer is a gated MLP *over the sequence* (TRM's Sudoku variant).
 
-    def __init__(self, seq_len: int, dim: int, hidden: int, eps: float) -> None:
+    ``mix_hidden`` is the width of the sequence MLP (default ``2 * seq_len``). ``sequence_norm`` normalises the
+    mixer's residual over the sequence axis instead of the feature axis, as the official ``mlp_t`` does.
+    """
+
+    def __init__(
+        self,
+        seq_len: int,
+        dim: int,
+        hidden: int,
+        eps: float,
+        mix_hidden: int = 0,
+        sequence_norm: bool = False,
+        norm_weight: bool = True,
+    ) -> None:
         super().__init__()
-        self.mix = GatedMLP(seq_len, 2 * seq_len)
+        self.sequence_norm = sequence_norm
+        self.mix = GatedMLP(seq_len, mix_hidden or 2 * seq_len)
         self.mlp = GatedMLP(dim, hidden)
-        self.norm_1 = RMSNorm(dim, eps)
-        self.norm_2 = RMSNorm(dim, eps)
+        self.norm_1 = RMSNorm(seq_len if sequence_norm else dim, eps, norm_weight)
+        self.norm_2 = RMSNorm(dim, eps, norm_weight)
 
     def forward(
         self, x: torch.Tensor, rope: torch.Tensor | None = None, causal: bool = False
     ) -> torch.Tensor:
-        x = self.norm_1(x + self.mix(x.transpose(1, 2)).transpose(1, 2))
+        if self.sequence_norm:
+            x_t = x.transpose(1, 2)
+            x = self.norm_1(x_t + self.mix(x_t)).transpose(1, 2)
+        else:
+            x = self.norm_1(x + self.mix(x.transpose(1, 2)).transpose(1, 2))
         return self.norm_2(x + self.mlp(x))
 
 

@@ -8,14 +8,22 @@ from torch import nn
 
 
 class RMSNorm(nn.Module):
-    """``x / rms(x) * weight`` with the normalisation in fp32 (``norm_eps`` inside the root)."""
+    """``x / rms(x) * weight`` with the normalisation in fp32 (``norm_eps`` inside the root).
 
-    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+    ``weight=False`` leaves out the learned scale (HRM's and TRM's weight-free norm): ``x / rms(x)``.
+    """
+
+    def __init__(self, dim: int, eps: float = 1e-6, weight: bool = True) -> None:
         super().__init__()
         self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
+        self.weight = nn.Parameter(torch.ones(dim)) if weight else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.weight is None:
+            # Written out as the official HRM/TRM norm is: elementwise, the result keeps the strides of ``x``
+            # (a transposed sequence-mixer input stays transposed), so later matmuls round the same way.
+            x32 = x.float()
+            return (x32 * torch.rsqrt(x32.square().mean(-1, keepdim=True) + self.eps)).type_as(x)
         if x.dtype == self.weight.dtype == torch.float32 and not torch.is_autocast_enabled(x.device.type):
             # Already fp32 everywhere: one fused call computes the same x * rsqrt(mean(x^2) + eps) * weight.
             return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)

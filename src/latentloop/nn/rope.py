@@ -86,10 +86,16 @@ class AxialRotaryEmbedding(RotaryEmbedding):
         return torch.cat([axis[rows], axis[cols]], dim=-1)
 
 
-def apply_rope(x: torch.Tensor, rotations: torch.Tensor) -> torch.Tensor:
+def apply_rope(x: torch.Tensor, rotations: torch.Tensor, halves: bool = False) -> torch.Tensor:
     """Rotate adjacent pairs of ``x`` ([B, S, ..., head_dim]) by ``rotations`` (``(cos, sin)`` pairs from
     :meth:`RotaryEmbedding.tables`, broadcasting over ``[B, S, ..., head_dim // 2, 2]``); computed in fp32 and
-    cast back to ``x``'s dtype."""
-    real, imag = x.float().unflatten(-1, (-1, 2)).unbind(-1)
+    cast back to ``x``'s dtype. ``halves`` pairs dimension ``i`` with ``i + head_dim / 2`` instead (the
+    "rotate half" layout of the Llama, HRM and TRM code), with the same frequencies."""
+    if halves:
+        real, imag = x.float().unflatten(-1, (2, -1)).unbind(-2)
+    else:
+        real, imag = x.float().unflatten(-1, (-1, 2)).unbind(-1)
     cos, sin = rotations.unbind(-1)
+    if halves:
+        return torch.cat([real * cos - imag * sin, real * sin + imag * cos], -1).type_as(x)
     return torch.stack([real * cos - imag * sin, real * sin + imag * cos], -1).flatten(-2).type_as(x)

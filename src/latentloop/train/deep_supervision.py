@@ -42,6 +42,7 @@ from latentloop.models.reasoners.heads import continue_target
 from latentloop.nn.flops import FlopCounter
 from latentloop.tasks.base import Task
 from latentloop.train import distributed as dist
+from latentloop.train.checkpoint import resolve_checkpoint
 from latentloop.train.curriculum import Depth, depth_at, recursion, step_weights
 from latentloop.train.objective import Objective, Updates
 from latentloop.train.precision import compile_for_training
@@ -99,6 +100,12 @@ class DeepSupervision(Objective):
             _check_architecture(checkpoint, self.model)
             self.model.load_weights(checkpoint / TRAIN_WEIGHTS)
             self.ema.load_weights(checkpoint / "model.safetensors")
+        elif self.tc.init_from:
+            start = resolve_checkpoint(self.tc.init_from)
+            _check_architecture(start, self.model)
+            trained = start / TRAIN_WEIGHTS
+            self.model.load_weights(trained if trained.is_file() else start / "model.safetensors")
+            self.ema.load_weights(start / "model.safetensors")
         slots = HaltedReplacement if self.tc.replace_halted else FixedBatches
         self.samples = slots(self.model, self.task, self.data["train"], self.tc, self.ctx, self.device)
         self.weights = _TrainingWeights(self.model, self.ema)
@@ -516,7 +523,15 @@ def _restore_slots(
 def _check_architecture(checkpoint: Path, model: Reasoner) -> None:
     saved = json.loads((checkpoint / "config.json").read_text())
     mine = model.config_dict()
-    defaults = {"puzzles": 0, "puzzle_tokens": 1}  # checkpoints written before puzzle embeddings existed
+    # The values of checkpoints written before these options existed.
+    defaults = {
+        "puzzles": 0,
+        "puzzle_tokens": 1,
+        "puzzle_dim": 0,
+        "norm_weight": True,
+        "h_layers": 0,
+        "rope_layout": "pairs",
+    }
     keys = (
         "arch",
         "vocab_size",

@@ -110,6 +110,9 @@ class ReasonerTrainConfig(TrainConfig):
     # training seeds on the same test puzzles.
     data_seed: int | None = None
     data: str | None = None
+    # A checkpoint (or run) folder whose weights a fresh run starts from, with a fresh optimizer: fine-tuning,
+    # or continuing a converted official checkpoint (latentloop convert). Ignored once the run has its own.
+    init_from: str | None = None
     # Cheaper deep supervision (see latentloop.train.curriculum): stages of (n_sup, cycles, inner) over the
     # run, and the decay of the supervision steps' loss weights (1: all alike).
     curriculum: list[CurriculumStage] = field(default_factory=list)

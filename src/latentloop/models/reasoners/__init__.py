@@ -14,12 +14,14 @@ from typing import Any
 
 from latentloop.config import from_dict
 from latentloop.errors import UsageError
+from latentloop.hub import resolve_model
 from latentloop.models.reasoners.ar import ARReasoner
 from latentloop.models.reasoners.base import (
     REASONERS,
     Reasoner,
     ReasonerConfig,
     ReasonerOutput,
+    lecun_init,
     num_parameters,
 )
 from latentloop.models.reasoners.direct import DirectReasoner
@@ -38,13 +40,25 @@ def build_reasoner(arch: str, config: ReasonerConfig) -> Reasoner:
     """A fresh reasoner ``arch`` (a name of :data:`REASONERS`: direct, looped, hrm, trm, gram, ar, mdlm, ...)."""
     if arch not in REASONERS:
         raise UsageError(f"unknown model {arch!r} (known: {', '.join(sorted(REASONERS))})")
-    return REASONERS[arch](config)
+    model = REASONERS[arch](config)
+    if config.init == "lecun":
+        lecun_init(model)
+    return model
 
 
-def load_reasoner(checkpoint: str | Path, weights: str = "model.safetensors") -> Reasoner:
+def load_reasoner(
+    checkpoint: str | Path,
+    weights: str = "model.safetensors",
+    *,
+    revision: str | None = None,
+    cache_dir: str | Path | None = None,
+    token: str | bool | None = None,
+) -> Reasoner:
     """The reasoner saved in checkpoint folder ``checkpoint`` (its ``config.json`` and ``weights``), with the
-    value head fitted to its samples when the folder holds one (``value_head.safetensors``)."""
-    checkpoint = Path(checkpoint)
+    value head fitted to its samples when the folder holds one (``value_head.safetensors``). ``checkpoint`` may
+    also be a Hub repository id ``org/name``, fetched at ``revision`` through the Hugging Face cache
+    (``cache_dir``, ``token``: see :func:`latentloop.hub.resolve_model`; a local folder of the same name wins)."""
+    checkpoint = resolve_model(checkpoint, revision=revision, cache_dir=cache_dir, token=token)
     try:
         data: dict[str, Any] = json.loads((checkpoint / "config.json").read_text())
     except (OSError, json.JSONDecodeError) as error:

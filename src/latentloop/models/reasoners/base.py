@@ -26,14 +26,19 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
 from latentloop.errors import UsageError
+from latentloop.hub import push_folder, reasoner_model_card, write_model_card
+from latentloop.io import atomic_path, atomic_write_text, writing_to
 from latentloop.models.reasoners.heads import HALTING, HaltHead, SequenceValueHead, ValueHead
 from latentloop.nn import BLOCKS, AxialRotaryEmbedding, RMSNorm, RotaryEmbedding, SequenceMLPBlock
 
-MIXERS = ("attention", "mlp")
+MIXERS = ("attention", "mlp", "mlp-t")
+ROPE_LAYOUTS = ("pairs", "halves")
+INITS = ("default", "lecun")
 Carry = dict[str, torch.Tensor]
 # arch -> class of every reasoner defined so far: a subclass with an ``arch`` registers itself (see Reasoner).
 REASONERS: dict[str, type[Reasoner]] = {}
@@ -47,6 +52,14 @@ class ReasonerConfig:
     model's applications); ``inner`` is the low-level updates per transition (GRAM's K, TRM's n, HRM's
     L_cycles). ``vocab_size``/``seq_len`` 0 mean "take them from the task". ``beta`` and ``kl_balance`` are
     GRAM's (see :mod:`latentloop.models.reasoners.gram`).
+
+    The official TinyRecursiveModels/HRM architectures (see :mod:`latentloop.convert`) set ``norm_weight``
+    false (weight-free RMSNorm), ``expansion`` (the MLP width ``hidden`` becomes ``expansion * dim * 2/3``
+    rounded up to a multiple of 256), ``mixer="mlp-t"`` (TRM's ``mlp_t``: a sequence MLP of that rounded width
+    whose residual is normalised over the sequence axis), ``rope_layout="halves"`` (rotary pairs ``i`` and
+    ``i + head_dim / 2``), ``puzzle_dim`` (a puzzle embedding narrower than its
+    ``puzzle_tokens`` positions, zero-padded), ``h_layers`` (HRM's H stack deeper or shallower than its L
+    stack) and ``init="lecun"`` (truncated LeCun-normal weights, see :func:`lecun_init`).
     """
 
     vocab_size: int = 0
@@ -66,12 +79,37 @@ class ReasonerConfig:
     # > 0: the input is a grid of this width read row by row, and attention uses axial 2-D RoPE over its rows
     # and columns (nn.rope.AxialRotaryEmbedding) instead of 1-D RoPE over the flat sequence
     rope_grid: int = 0
+    rope_layout: str = "pairs"  # which dimensions rotate together: adjacent pairs | halves (HRM/TRM code)
     norm_eps: float = 1e-5
     halting: str = "bce"  # how the Q-head is trained and read: bce | q-learning (see heads.py)
     puzzles: int = 0  # puzzle identifiers with learned embeddings (ARC: one per task and augmentation)
     puzzle_tokens: int = 1  # embedding positions prepended per puzzle (GRAM paper: 16)
+    puzzle_dim: int = 0  # width of a puzzle's learned embedding; 0 = puzzle_tokens * dim (the rest is zeros)
+    norm_weight: bool = True  # False: RMSNorm without a learned scale
+    expansion: float = 0.0  # > 0: hidden = expansion * dim * 2/3 rounded up to a multiple of 256
+    h_layers: int = 0  # HRM's high-level module: its blocks (0 = n_layers)
+    init: str = "default"  # default | lecun (truncated LeCun-normal weights)
 
     def __post_init__(self) -> None:
+        if self.expansion < 0:
+            raise UsageError(f"model.expansion must be >= 0, got {self.expansion}")
+        if self.expansion:
+            self.hidden = swiglu_width(self.expansion, self.dim)
+        if self.rope_layout not in ROPE_LAYOUTS:
+            raise UsageError(
+                f"model.rope_layout must be one of {', '.join(ROPE_LAYOUTS)}, got {self.rope_layout!r}"
+            )
+        if self.rope_layout == "halves" and self.rope_grid:
+            raise UsageError("model.rope_grid needs model.rope_layout=pairs")
+        if self.init not in INITS:
+            raise UsageError(f"model.init must be one of {', '.join(INITS)}, got {self.init!r}")
+        if self.h_layers < 0:
+            raise UsageError(f"model.h_layers must be at least 0, got {self.h_layers}")
+        if not 0 <= self.puzzle_dim <= self.puzzle_tokens * self.dim:
+            raise UsageError(
+                f"model.puzzle_dim must be in [0, puzzle_tokens * dim = {self.puzzle_tokens * self.dim}], "
+                f"got {self.puzzle_dim}"
+            )
         if self.halting not in HALTING:
             raise UsageError(f"model.halting must be one of {', '.join(HALTING)}, got {self.halting!r}")
         if self.block not in BLOCKS:
@@ -103,6 +141,16 @@ class ReasonerConfig:
     def positions(self) -> int:
         """Length of the latent states: the prefix and the input."""
         return self.seq_len + self.prefix_len
+
+    @property
+    def puzzle_width(self) -> int:
+        """Width of one puzzle's learned embedding (before its zero padding to ``puzzle_tokens * dim``)."""
+        return self.puzzle_dim or self.puzzle_tokens * self.dim
+
+
+def swiglu_width(expansion: float, width: int) -> int:
+    """The official HRM/TRM SwiGLU width: ``round(expansion * width * 2/3)`` rounded up to a multiple of 256."""
+    return -(round(expansion * width * 2 / 3) // -256) * 256
 
 
 def rotary_embedding(config: ReasonerConfig, positions: int) -> RotaryEmbedding:
@@ -140,14 +188,30 @@ class ReasoningModule(nn.Module):
         super().__init__()
         c = config
         layers = n_layers if n_layers is not None else c.n_layers
-        if c.mixer == "mlp":
+        if c.mixer == "attention":
+            block = BLOCKS[c.block]
             self.layers = nn.ModuleList(
-                SequenceMLPBlock(c.positions, c.dim, c.hidden, c.norm_eps) for _ in range(layers)
+                block(
+                    c.dim,
+                    c.n_heads,
+                    c.hidden,
+                    c.norm_eps,
+                    norm_weight=c.norm_weight,
+                    rope_halves=c.rope_layout == "halves",
+                )
+                for _ in range(layers)
             )
         else:
-            block = BLOCKS[c.block]
-            self.layers = nn.ModuleList(block(c.dim, c.n_heads, c.hidden, c.norm_eps) for _ in range(layers))
-        self.final_norm = RMSNorm(c.dim, c.norm_eps) if c.block == "pre-norm" and c.mixer != "mlp" else None
+            official = c.mixer == "mlp-t"
+            mix_hidden = swiglu_width(c.expansion or 4.0, c.positions) if official else 0
+            self.layers = nn.ModuleList(
+                SequenceMLPBlock(
+                    c.positions, c.dim, c.hidden, c.norm_eps, mix_hidden, official, c.norm_weight
+                )
+                for _ in range(layers)
+            )
+        pre_norm = c.block == "pre-norm" and c.mixer == "attention"
+        self.final_norm = RMSNorm(c.dim, c.norm_eps, c.norm_weight) if pre_norm else None
 
     def forward(
         self, state: torch.Tensor, injection: torch.Tensor | None, rope: torch.Tensor | None
@@ -188,9 +252,7 @@ class Reasoner(nn.Module):
         nn.init.normal_(self.embed.weight, std=1.0 / math.sqrt(config.dim))
         # Which task (and augmentation) a grid comes from: ARC's rule is not in the test input alone. Starts
         # at zero (as in HRM/TRM), so an identifier seen in no training row is a blank prefix.
-        self.puzzle_embed = (
-            nn.Embedding(config.puzzles, config.puzzle_tokens * config.dim) if config.puzzles else None
-        )
+        self.puzzle_embed = nn.Embedding(config.puzzles, config.puzzle_width) if config.puzzles else None
         if self.puzzle_embed is not None:
             nn.init.zeros_(self.puzzle_embed.weight)
         self.rope = rotary_embedding(config, config.positions)
@@ -210,7 +272,9 @@ class Reasoner(nn.Module):
                 raise UsageError(
                     "this model was trained with puzzle embeddings: give each input its puzzle id"
                 )
-            prefix = self.puzzle_embed(puzzle_ids.long()).view(len(inputs), self.config.puzzle_tokens, -1)
+            prefix = self.puzzle_embed(puzzle_ids.long())
+            padding = self.config.puzzle_tokens * self.config.dim - prefix.shape[-1]
+            prefix = F.pad(prefix, (0, padding)).view(len(inputs), self.config.puzzle_tokens, -1)
             e_x = torch.cat([prefix.to(e_x.dtype) * math.sqrt(self.config.dim), e_x], dim=1)
         return e_x, self.rope.tables(torch.arange(e_x.shape[1], device=inputs.device))
 
@@ -258,11 +322,43 @@ class Reasoner(nn.Module):
         return {"model_type": self.model_type, "arch": self.arch, **dataclasses.asdict(self.config)}
 
     def save_pretrained(self, path: str | Path, weights: str = "model.safetensors") -> None:
-        """Write ``config.json`` and the weights (``weights``) into folder ``path``."""
+        """Write ``config.json`` and the weights (``weights``) into folder ``path``, each file atomically; with
+        the default weights also a Hub model card ``README.md``, so the folder is ready for ``push_to_hub``."""
         path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
-        (path / "config.json").write_text(json.dumps(self.config_dict(), indent=1) + "\n")
-        save_file({k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}, path / weights)
+        with writing_to(path):
+            path.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path / "config.json", json.dumps(self.config_dict(), indent=1) + "\n")
+        with atomic_path(path / weights) as temp:
+            save_file({k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}, temp)
+        if weights == "model.safetensors":  # other weights (the trainer's raw ones) sit beside these
+            write_model_card(path, self.model_card())
+
+    def model_card(self, repo_id: str | None = None) -> str:
+        """The ``README.md`` that :meth:`save_pretrained` writes (its usage names ``repo_id``)."""
+        # Every parameter, frozen or not: an EMA copy is saved with gradients switched off.
+        parameters = sum(p.numel() for p in self.parameters())
+        return reasoner_model_card(self.arch, self.config, parameters, repo_id)
+
+    def push_to_hub(
+        self,
+        repo_id: str,
+        *,
+        private: bool | None = None,
+        token: str | bool | None = None,
+        revision: str | None = None,
+        commit_message: str | None = None,
+    ) -> str:
+        """Upload :meth:`save_pretrained`'s folder to Hub repository ``repo_id`` (created when missing);
+        returns the commit's URL."""
+        return push_folder(
+            self.save_pretrained,
+            self.model_card,
+            repo_id,
+            private=private,
+            token=token,
+            revision=revision,
+            commit_message=commit_message,
+        )
 
     def load_weights(self, file: str | Path) -> None:
         """Load a safetensors file written by :meth:`save_pretrained` (one-line error when damaged)."""
@@ -285,6 +381,34 @@ class Reasoner(nn.Module):
             reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             raise UsageError(f"fitted value head {file} does not load: {reason}") from None
         self.value_head = head.to(self.lm_head.weight.device)
+
+
+def truncated_normal_(tensor: torch.Tensor, std: float) -> torch.Tensor:
+    """Fill ``tensor`` from a normal truncated to two standard deviations whose *actual* standard deviation is
+    ``std`` (the scale is corrected for the truncation, as JAX's initialisers and the official HRM/TRM code
+    do; ``nn.init.trunc_normal_`` alone gives a narrower spread)."""
+    if std == 0:
+        return nn.init.zeros_(tensor)
+    # Variance of a standard normal truncated to [-2, 2]: 1 - 2 * 2 * pdf(2) / mass.
+    mass = math.erf(2 / math.sqrt(2))
+    pdf = math.exp(-2) / math.sqrt(2 * math.pi)
+    scale = std / math.sqrt(1 - 4 * pdf / mass)
+    return nn.init.trunc_normal_(tensor, std=scale, a=-2 * scale, b=2 * scale)
+
+
+@torch.no_grad()
+def lecun_init(model: Reasoner) -> None:
+    """``model.init="lecun"``: every linear weight truncated-normal with std ``1/sqrt(fan_in)`` and zero biases,
+    the token embedding with std ``1/sqrt(dim)``, as in the official HRM/TRM. The Q-head keeps its start
+    (zero weights, bias -5) and the puzzle embeddings stay zero."""
+    for name, module in model.named_modules():
+        if name.startswith("halt_head"):
+            continue
+        if isinstance(module, nn.Linear):
+            truncated_normal_(module.weight, 1 / math.sqrt(module.in_features))
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+    truncated_normal_(model.embed.weight, 1 / math.sqrt(model.config.dim))
 
 
 def num_parameters(model: nn.Module) -> int:

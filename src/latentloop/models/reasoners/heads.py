@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from latentloop.nn import SequenceMLPBlock
@@ -43,7 +44,11 @@ class HaltHead(nn.Module):
 
     def forward(self, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         first = state[:, 0].float()
-        return self.proj(first).squeeze(-1), self.continue_proj(first).squeeze(-1)
+        # One product for both outputs, as one two-output layer computes them (the official HRM/TRM Q-head).
+        weight = torch.cat([self.proj.weight, self.continue_proj.weight]).float()
+        bias = torch.cat([self.proj.bias, self.continue_proj.bias]).float()
+        q_halt, q_continue = F.linear(first, weight, bias).unbind(-1)
+        return q_halt, q_continue
 
 
 def _fill_missing_continue_head(module: HaltHead, state_dict: dict[str, Any], prefix: str, *_: Any) -> None:

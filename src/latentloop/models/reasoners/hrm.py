@@ -13,14 +13,15 @@ from latentloop.models.reasoners.base import Carry, Reasoner, ReasonerConfig, Re
 
 
 class HRMReasoner(Reasoner):
-    """Two modules of ``n_layers`` blocks each (the paper's post-norm layout by default)."""
+    """Two modules: L of ``n_layers`` blocks and H of ``h_layers`` (default ``n_layers``); the paper's post-norm
+    layout by default."""
 
     arch = "hrm"
 
     def __init__(self, config: ReasonerConfig) -> None:
         super().__init__(config)
         self.L = ReasoningModule(config)
-        self.H = ReasoningModule(config)
+        self.H = ReasoningModule(config, config.h_layers or None)
         self.init_state("z_H_init")
         self.init_state("z_L_init")
 
