@@ -126,6 +126,7 @@ def test_the_declared_capabilities_of_each_task() -> None:
         "arc-agi-1": {"puzzle_embeddings"},
         "arc-agi-2": {"puzzle_embeddings"},
         "digits": {"has_blank", "image_answers"},
+        "maze": {"multi_solution"},
     }
     assert {name for name in TASKS if task_class(name).trains_language_model} == {
         "arithmetic",

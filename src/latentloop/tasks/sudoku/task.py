@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from latentloop.data.official import OfficialDataset, looks_official, open_official
 from latentloop.errors import UsageError
 from latentloop.tasks.base import ExactSolution, Task
 from latentloop.tasks.sudoku.generator import TIERS, generate, random_solution, tier_bounds
@@ -54,7 +55,8 @@ class SudokuTask(Task):
 
     Options (strings accepted): ``box`` ("3x3", "2x2", "2x3"...) or ``n`` (grid side 4, 6, 8, 9); ``tier`` (easy,
     medium, hard, extreme) or ``min_rating``/``max_rating``; ``augment`` (shuffled copies added per training
-    puzzle); ``data`` (a Sudoku-Extreme CSV file, split 85:15, or a folder with ``train.csv``/``test.csv``);
+    puzzle); ``data`` (a Sudoku-Extreme CSV file, split 85:15, a folder with ``train.csv``/``test.csv``, or a
+    folder written by the official ``build_sudoku_dataset.py``, read as it is: see :mod:`latentloop.data.official`);
     ``unconditional`` (true: every puzzle is the empty grid and its label a random complete board, for
     unconditional generation; any valid board is a right answer).
     The default tier is "extreme" for generated 9x9 puzzles, otherwise "any" (every rating).
@@ -96,9 +98,25 @@ class SudokuTask(Task):
         self.data = Path(data) if data else None
         if self.data is not None:
             if self.n != 9:
-                raise UsageError("option data (a Sudoku-Extreme CSV) holds 9x9 puzzles only")
+                raise UsageError("option data (a Sudoku-Extreme CSV or official folder) holds 9x9 grids only")
             if not self.data.exists():
                 raise UsageError(f"option data: no such file or folder {str(self.data)!r}")
+        self.official = self.data is not None and looks_official(self.data)
+        self._official: OfficialDataset | None = None
+        if self.official:
+            # An official folder has no ratings, its own augmented copies and real puzzles as inputs.
+            for name, value in (
+                ("tier", tier),
+                ("min_rating", low),
+                ("max_rating", high),
+                ("augment", self.augmented_copies or None),
+                ("unconditional", self.unconditional or None),
+            ):
+                if value is not None:
+                    raise UsageError(
+                        f"option {name} does not apply to an official dataset folder (option data), which is "
+                        "read as it is"
+                    )
         self.vocab_size = self.n + 2
         self.seq_len = self.n * self.n
         self.endless = self.data is None
@@ -121,6 +139,16 @@ class SudokuTask(Task):
                 if solution is None:
                     return
                 yield self.blank(), solution, 0
+        if self.official:
+            # The original of each group (its first puzzle); the rating is not recorded in an official folder.
+            opened = self.official_dataset()
+            assert opened is not None
+            last = -1
+            for row in opened.splits[split].rows():
+                if row.group != last:
+                    last = row.group
+                    yield self.decode(row.inputs), self.decode(row.labels), 0
+            return
         if self.data is not None:
             yield from self._csv_examples(split, seed)
             return
@@ -146,7 +174,14 @@ class SudokuTask(Task):
                 yield table.puzzles[i], table.solutions[i], rating
 
     def records(self, split: str, seed: int, size: int | None) -> Iterator[tuple[Any, ...]]:
-        """Dataset rows ``(inputs, labels, puzzle_key, group_key, info)``; training puzzles get ``augment`` copies."""
+        """Dataset rows ``(inputs, labels, puzzle_key, group_key, info)``; training puzzles get ``augment`` copies.
+        An official folder gives every row of its first ``size`` groups, its augmented copies included."""
+        if self.official:
+            opened = self.official_dataset()
+            assert opened is not None
+            for row in opened.splits[_split_name(split)].rows(stop=size):
+                yield row.inputs.copy(), row.labels.copy(), row.puzzle, row.group, None
+            return
         rng = np.random.default_rng([seed, _split_id(split), 7])
         for index, (puzzle, solution, rating) in enumerate(
             itertools.islice(self.rated_examples(split, seed), size)
@@ -155,6 +190,15 @@ class SudokuTask(Task):
             for copy in range(1, 1 + (self.augmented_copies if split == "train" else 0)):
                 p, s = shuffle_grids(puzzle, solution, rng, self.box)
                 yield self.encode(p), self.encode(s), (index, copy), index, None
+
+    def official_dataset(self) -> OfficialDataset | None:
+        """The official Sudoku folder given as ``data``, checked and opened (once); None for other data."""
+        if self.official and self._official is None:
+            assert self.data is not None
+            self._official = open_official(
+                self.data, task=self.name, seq_len=self.seq_len, vocab_size=self.vocab_size
+            )
+        return self._official
 
     def augment(self, inputs: np.ndarray, labels: np.ndarray, rng: np.random.Generator) -> None:
         """A random digit relabelling, band/row and stack/column shuffle (and transpose, for square boxes)
@@ -295,6 +339,10 @@ class SudokuTask(Task):
 
 
 def _split_id(split: str) -> int:
+    return 0 if _split_name(split) == "train" else 1
+
+
+def _split_name(split: str) -> str:
     if split not in ("train", "test"):
         raise UsageError(f"split must be 'train' or 'test', got {split!r}")
-    return 0 if split == "train" else 1
+    return split
