@@ -94,7 +94,7 @@ def apply_rope(x: torch.Tensor, rotations: torch.Tensor, halves: bool = False) -
 
     Written as ``x * cos + partner * sin``, with each pair's partner ``(-b, a)`` and the angles repeated to
     the head's width: full-width products that vectorise, where products on the strided halves of each pair
-    ran three times slower; ``a * cos + (-b) * sin`` rounds exactly as ``a * cos - b * sin``.
+    ran two to three times slower; ``a * cos + (-b) * sin`` rounds exactly as ``a * cos - b * sin``.
     """
     cos, sin = rotations.unbind(-1)
     x32 = x.float()
