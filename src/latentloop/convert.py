@@ -37,9 +37,8 @@ from latentloop.config import load_yaml
 from latentloop.errors import UsageError
 from latentloop.families import family
 from latentloop.models.reasoners import Reasoner, ReasonerConfig, build_reasoner
-from latentloop.models.reasoners.heads import continue_target
 from latentloop.tasks.base import get_task, parse_task_spec
-from latentloop.train.deep_supervision import supervision_loss
+from latentloop.train.deep_supervision import next_step_continue_target, supervision_loss
 from latentloop.train.loop import train
 from latentloop.train.run_config import ReasonerTrainConfig
 
@@ -347,9 +346,7 @@ def act_step(
     carry, out = model(carry, batch, target=labels)
     target = None
     if model.config.halting == "q-learning":
-        with torch.no_grad():
-            _, ahead = model(carry, batch, target=labels)
-        target = continue_target(ahead.halt_logit, ahead.continue_logit, last)
+        target = next_step_continue_target(model, carry, batch, labels, last)
     return carry, out, supervision_loss(out, labels, 0.0, tc, target)[0]
 
 

@@ -252,6 +252,31 @@ def write_model_card(folder: str | Path, text: str) -> None:
     atomic_write_text(Path(folder) / CARD_FILE, text)
 
 
+class PushToHub:
+    """``push_to_hub`` for a model class with ``save_pretrained(folder)`` and ``model_card(repo_id)``."""
+
+    def push_to_hub(
+        self,
+        repo_id: str,
+        *,
+        private: bool | None = None,
+        token: str | bool | None = None,
+        revision: str | None = None,
+        commit_message: str | None = None,
+    ) -> str:
+        """Upload :meth:`save_pretrained`'s folder to Hub repository ``repo_id`` (created when missing);
+        returns the commit's URL."""
+        return push_folder(
+            self.save_pretrained,  # type: ignore[attr-defined]
+            self.model_card,  # type: ignore[attr-defined]
+            repo_id,
+            private=private,
+            token=token,
+            revision=revision,
+            commit_message=commit_message,
+        )
+
+
 def push_folder(
     save: Callable[[Path], None],
     card: Callable[[str], str],

@@ -25,7 +25,7 @@ from torch.utils.checkpoint import checkpoint
 
 from latentloop.config import from_dict
 from latentloop.errors import UsageError
-from latentloop.hub import lm_model_card, push_folder, resolve_model, write_model_card
+from latentloop.hub import PushToHub, lm_model_card, resolve_model, write_model_card
 from latentloop.models.generation import generate
 from latentloop.models.huginn_format import load_huginn, save_huginn
 from latentloop.models.kv_cache import LayerKey, RecurrentKVCache
@@ -175,7 +175,7 @@ class StepContext:
         return self.cache.hook(LayerKey(part, layer, slot), self.start, self.rows)
 
 
-class RecurrentDepthLM(nn.Module):
+class RecurrentDepthLM(PushToHub, nn.Module):
     """Prelude, a core block looped ``num_steps`` times, coda; see the module docstring for the equations."""
 
     def __init__(self, config: RecurrentDepthConfig) -> None:
@@ -395,27 +395,6 @@ class RecurrentDepthLM(nn.Module):
     def model_card(self, repo_id: str | None = None) -> str:
         """The ``README.md`` that :meth:`save_pretrained` writes (its usage names ``repo_id``)."""
         return lm_model_card(self.config, self.num_parameters(), repo_id)
-
-    def push_to_hub(
-        self,
-        repo_id: str,
-        *,
-        private: bool | None = None,
-        token: str | bool | None = None,
-        revision: str | None = None,
-        commit_message: str | None = None,
-    ) -> str:
-        """Upload :meth:`save_pretrained`'s folder to Hub repository ``repo_id`` (created when missing);
-        returns the commit's URL."""
-        return push_folder(
-            self.save_pretrained,
-            self.model_card,
-            repo_id,
-            private=private,
-            token=token,
-            revision=revision,
-            commit_message=commit_message,
-        )
 
     @classmethod
     def from_pretrained(

@@ -31,7 +31,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from latentloop.errors import UsageError
-from latentloop.hub import push_folder, reasoner_model_card, write_model_card
+from latentloop.hub import PushToHub, reasoner_model_card, write_model_card
 from latentloop.io import atomic_path, atomic_write_text, writing_to
 from latentloop.models.reasoners.heads import HALTING, HaltHead, SequenceValueHead, ValueHead
 from latentloop.nn import BLOCKS, AxialRotaryEmbedding, RMSNorm, RotaryEmbedding, SequenceMLPBlock
@@ -222,7 +222,7 @@ class ReasoningModule(nn.Module):
         return self.final_norm(x) if self.final_norm is not None else x
 
 
-class Reasoner(nn.Module):
+class Reasoner(PushToHub, nn.Module):
     """Base class: input embedding, rotary tables, decoder, halting and value heads, checkpoint I/O.
 
     Subclasses set ``arch`` (which registers them by that name), build their recursive modules, and implement :meth:`initial_carry` and
@@ -338,27 +338,6 @@ class Reasoner(nn.Module):
         # Every parameter, frozen or not: an EMA copy is saved with gradients switched off.
         parameters = sum(p.numel() for p in self.parameters())
         return reasoner_model_card(self.arch, self.config, parameters, repo_id)
-
-    def push_to_hub(
-        self,
-        repo_id: str,
-        *,
-        private: bool | None = None,
-        token: str | bool | None = None,
-        revision: str | None = None,
-        commit_message: str | None = None,
-    ) -> str:
-        """Upload :meth:`save_pretrained`'s folder to Hub repository ``repo_id`` (created when missing);
-        returns the commit's URL."""
-        return push_folder(
-            self.save_pretrained,
-            self.model_card,
-            repo_id,
-            private=private,
-            token=token,
-            revision=revision,
-            commit_message=commit_message,
-        )
 
     def load_weights(self, file: str | Path) -> None:
         """Load a safetensors file written by :meth:`save_pretrained` (one-line error when damaged)."""
