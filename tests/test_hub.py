@@ -62,7 +62,7 @@ def cache(tmp_path, monkeypatch):
     """An empty Hugging Face cache that huggingface_hub uses by default, offline; any socket connection made
     during the test fails it."""
     import huggingface_hub.constants
-    from huggingface_hub.utils import reset_sessions
+    import huggingface_hub.utils
 
     folder = tmp_path / "hf-cache"
     folder.mkdir()
@@ -70,7 +70,9 @@ def cache(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_CACHE", str(folder))
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(folder))
-    reset_sessions()  # a session made before would lack the offline adapter
+    # A session made before would lack the offline setting (huggingface_hub < 1.0: reset_sessions; later
+    # versions: close_session).
+    (getattr(huggingface_hub.utils, "reset_sessions", None) or huggingface_hub.utils.close_session)()
     attempts: list[object] = []
 
     def refuse(sock, address):
