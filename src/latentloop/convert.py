@@ -140,13 +140,17 @@ def reasoner_config(
             "puzzle_emb_len > 0 with puzzle_emb_ndim 0 leaves prefix positions with no embedding "
             "(the official model cannot run it either); set puzzle_emb_len: 0"
         )
-    if "embed_tokens.embedding_weight" not in state:
-        raise UsageError("the checkpoint has no token embedding (embed_tokens.embedding_weight)")
-    vocab = int(state["embed_tokens.embedding_weight"].shape[0])
-    puzzles = int(state["puzzle_emb.weights"].shape[0]) if puzzle_dim else 0
+
+    def rows(key: str, axis: int = 0) -> int:
+        if key not in state:
+            raise UsageError(f"the checkpoint has no {key}, which its configuration implies")
+        return int(state[key].shape[axis])
+
+    vocab = rows("embed_tokens.embedding_weight")
+    puzzles = rows("puzzle_emb.weights") if puzzle_dim else 0
     mlp_t = bool(arch.get("mlp_t", False))
     if mlp_t:  # mlp_t's gate-up projection reads the whole latent: prefix and puzzle
-        inferred = int(state["L_level.layers.0.mlp_t.gate_up_proj.weight"].shape[1]) - puzzle_tokens
+        inferred = rows("L_level.layers.0.mlp_t.gate_up_proj.weight", axis=1) - puzzle_tokens
         if seq_len is not None and seq_len != inferred:
             raise UsageError(f"--seq-len {seq_len} does not fit mlp_t's weights ({inferred} positions)")
         seq_len = inferred

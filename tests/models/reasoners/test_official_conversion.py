@@ -139,6 +139,10 @@ def test_refusals_name_the_problem_in_one_line(tmp_path: Path) -> None:
         official_reasoner("trm", weights | {"model.inner.extra.weight": torch.zeros(1)}, TRM_ARCH, seq_len=16)
     with pytest.raises(UsageError, match=r"lacks net\.layers\.1"):
         official_reasoner("trm", weights, TRM_ARCH | {"L_layers": 2}, seq_len=16)
+    with pytest.raises(UsageError, match=r"no puzzle_emb\.weights"):
+        official_reasoner("trm", weights, TRM_ARCH | {"puzzle_emb_ndim": 16, "puzzle_emb_len": 1}, seq_len=16)
+    with pytest.raises(UsageError, match=r"no L_level\.layers\.0\.mlp_t"):
+        official_reasoner("trm", weights, TRM_ARCH | {"mlp_t": True}, seq_len=16)
     with pytest.raises(UsageError, match="only rope"):
         official_reasoner("trm", weights, TRM_ARCH | {"pos_encodings": "learned"}, seq_len=16)
 
