@@ -37,6 +37,7 @@ from latentloop.config import load_yaml
 from latentloop.errors import UsageError
 from latentloop.families import family
 from latentloop.models.reasoners import Reasoner, ReasonerConfig, build_reasoner
+from latentloop.models.reasoners.heads import halt_decision
 from latentloop.tasks.base import get_task, parse_task_spec
 from latentloop.train.deep_supervision import next_step_continue_target, supervision_loss
 from latentloop.train.loop import train
@@ -158,10 +159,9 @@ def reasoner_config(
         raise UsageError(
             "the sequence length is not in an attention model's weights: give --seq-len, or --task"
         )
-    if kind == "trm" and not arch.get("no_ACT_continue", True):
-        halting = "q-learning"
-    else:
-        halting = "bce" if kind == "trm" else "q-learning"
+    # HRM halts on q_halt > q_continue, and so does TRM when trained with its continue loss.
+    q_learning = kind == "hrm" or not arch.get("no_ACT_continue", True)
+    halting = "q-learning" if q_learning else "bce"
     return ReasonerConfig(
         vocab_size=vocab,
         seq_len=seq_len,
@@ -369,7 +369,6 @@ def act_rollout(
     Each step's record holds the logits, ``q_halt``, ``q_continue``, the carry, which samples halted, and the
     loss of :func:`act_step`. Labels 0 are not scored (the official code's ignored -100)."""
 
-    q_learning = model.config.halting == "q-learning"
     size = len(labels)
     halted = torch.ones(size, dtype=torch.bool)
     count = torch.zeros(size, dtype=torch.long)
@@ -381,8 +380,7 @@ def act_rollout(
         count = torch.where(halted, 0, count) + 1
         last = count >= model.config.n_sup
         carry, out, loss = act_step(model, carry, batch, labels, last, stablemax)
-        halts = out.halt_logit > (out.continue_logit if q_learning else 0)
-        halted = last | halts.detach()
+        halted = last | halt_decision(out.halt_logit, out.continue_logit, model.config.halting).detach()
         records.append(
             {
                 "logits": out.logits.detach(),

@@ -90,7 +90,8 @@ VARIANTS = {
 }
 # Q-head biases (q_halt, q_continue) under which samples halt at different steps, not all at once or never.
 Q_BIAS = {"trm-attention": (-1.7, 0.0), "trm-mlp_t": (-1.0, 0.0), "hrm": (0.0, -0.5)}
-SHAPE = {"batch": 4, "seq_len": 9, "vocab": 12, "puzzles": 3}
+SHAPE = {"batch": 4, "seq_len": 9, "vocab": 12, "puzzles": 3}  # the parity checks'
+SPEED_SHAPE = {"batch": 64, "seq_len": 81, "vocab": 11, "puzzles": 1}  # the official Sudoku data's
 
 
 def import_reference(folder: Path) -> dict[str, Any]:
@@ -116,15 +117,16 @@ def build_official(
     architecture: dict[str, Any],
     seed: int,
     q_bias: tuple[float, float] = (0.0, 0.0),
+    shape: dict[str, int] = SHAPE,
 ) -> Any:
     """The official model inside its ACT loss head, with a random Q-head and puzzle embedding (the official
     start, zeros and bias -5, would never halt and would hide the puzzle prefix)."""
     config = {k: v for k, v in architecture.items() if k != "name"}
     config |= {
-        "batch_size": SHAPE["batch"],
-        "seq_len": SHAPE["seq_len"],
-        "vocab_size": SHAPE["vocab"],
-        "num_puzzle_identifiers": SHAPE["puzzles"],
+        "batch_size": shape["batch"],
+        "seq_len": shape["seq_len"],
+        "vocab_size": shape["vocab"],
+        "num_puzzle_identifiers": shape["puzzles"],
     }
     torch.manual_seed(seed)
     head = classes["loss_head"](classes[kind](config), loss_type="stablemax_cross_entropy")
@@ -137,14 +139,14 @@ def build_official(
     return head
 
 
-def make_batch(seed: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+def make_batch(seed: int, shape: dict[str, int] = SHAPE) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """Random puzzles and labels; a few labels are unscored (official -100, latentloop 0)."""
     g = torch.Generator().manual_seed(seed)
-    shape = (SHAPE["batch"], SHAPE["seq_len"])
-    inputs = torch.randint(1, SHAPE["vocab"], shape, generator=g)
-    labels = torch.randint(1, SHAPE["vocab"], shape, generator=g)
-    labels[torch.rand(shape, generator=g) < 0.25] = 0
-    puzzle_ids = torch.randint(0, SHAPE["puzzles"], (SHAPE["batch"],), generator=g)
+    size = (shape["batch"], shape["seq_len"])
+    inputs = torch.randint(1, shape["vocab"], size, generator=g)
+    labels = torch.randint(1, shape["vocab"], size, generator=g)
+    labels[torch.rand(size, generator=g) < 0.25] = 0
+    puzzle_ids = torch.randint(0, shape["puzzles"], (shape["batch"],), generator=g)
     return {"inputs": inputs, "puzzle_ids": puzzle_ids}, labels
 
 
@@ -264,9 +266,7 @@ SPEED_ARCH = {"H_cycles": 3, "L_cycles": 6, "L_layers": 2, "hidden_size": 128, "
 
 def speed(classes: dict[str, Any], repeats: int, seed: int) -> dict[str, Any]:
     """Training examples per second of one supervision step, official vs latentloop, interleaved."""
-    global SHAPE
-    saved_shape = SHAPE
-    SHAPE = {"batch": 64, "seq_len": 81, "vocab": 11, "puzzles": 1}
+    shape = SPEED_SHAPE
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     results = {}
@@ -275,19 +275,19 @@ def speed(classes: dict[str, Any], repeats: int, seed: int) -> dict[str, Any]:
             architecture = arch(kind, **SPEED_ARCH, puzzle_emb_ndim=0, puzzle_emb_len=0)
             if kind == "hrm":
                 architecture["H_layers"] = 2
-            head = build_official(classes, kind, architecture, seed)
+            head = build_official(classes, kind, architecture, seed, shape=shape)
             with tempfile.TemporaryDirectory() as folder:
                 file = Path(folder) / "step_1"
                 torch.save(head.state_dict(), file)
-                model = official_reasoner(kind, file, architecture, seq_len=SHAPE["seq_len"])
-            batch, labels = make_batch(seed + 1)
+                model = official_reasoner(kind, file, architecture, seq_len=shape["seq_len"])
+            batch, labels = make_batch(seed + 1, shape)
             official = official_batch(batch, labels)
             head.train()
             model.train()
 
             def theirs() -> None:
                 _, loss, _, _, _ = head(return_keys=[], carry=head.initial_carry(official), batch=official)  # noqa: B023
-                (loss / SHAPE["batch"]).backward()
+                (loss / shape["batch"]).backward()
 
             def ours() -> None:
                 act_step(model, model.initial_carry(batch), batch, labels, False)[2].backward()  # noqa: B023
@@ -304,7 +304,7 @@ def speed(classes: dict[str, Any], repeats: int, seed: int) -> dict[str, Any]:
                     start = time.perf_counter()
                     call()
                     times[name].append(time.perf_counter() - start)
-            rate = {name: SHAPE["batch"] / statistics.median(t) for name, t in times.items()}
+            rate = {name: shape["batch"] / statistics.median(t) for name, t in times.items()}
             results[kind] = {
                 "examples_per_s": {k: round(v, 1) for k, v in rate.items()},
                 "ratio_latentloop_over_official": round(rate["latentloop"] / rate["official"], 3),
@@ -312,9 +312,15 @@ def speed(classes: dict[str, Any], repeats: int, seed: int) -> dict[str, Any]:
                 "architecture": {k: architecture[k] for k in (*SPEED_ARCH, "H_layers")},
             }
     finally:
-        SHAPE = saved_shape
         torch.set_num_threads(threads)
-    return {"repeats": repeats, "batch": 64, "positions": 81, "threads": 1, "dtype": "float32", **results}
+    return {
+        "repeats": repeats,
+        "batch": shape["batch"],
+        "positions": shape["seq_len"],
+        "threads": 1,
+        "dtype": "float32",
+        **results,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -38,7 +38,7 @@ from safetensors.torch import load_file, save_file
 from latentloop.errors import UsageError
 from latentloop.eval.metrics import answer_exact, quick_accuracy, unique_rows
 from latentloop.models.reasoners import REASONERS, Reasoner, build_reasoner, num_parameters
-from latentloop.models.reasoners.heads import continue_target
+from latentloop.models.reasoners.heads import continue_target, halt_decision
 from latentloop.nn.flops import FlopCounter
 from latentloop.tasks.base import Task
 from latentloop.train import distributed as dist
@@ -362,11 +362,7 @@ class HaltedReplacement(FixedBatches):
     def advance(self, carry: dict[str, torch.Tensor], out: Any, last: Any) -> dict[str, float]:
         self.carry = carry
         self.steps += 1
-        q_halt = out.halt_logit.float()
-        if self.model.config.halting == "q-learning":
-            halts = q_halt > out.continue_logit.float()
-        else:
-            halts = q_halt > 0
+        halts = halt_decision(out.halt_logit, out.continue_logit, self.model.config.halting)
         explore = torch.rand(len(halts), device=halts.device) < self.tc.halt_exploration
         # At n_sup = 1 every sample halts after its one step, whatever it is held for.
         held_for = torch.randint(2, max(self.n_sup, 2) + 1, (len(halts),), device=halts.device)

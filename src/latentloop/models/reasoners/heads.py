@@ -60,6 +60,13 @@ def _fill_missing_continue_head(module: HaltHead, state_dict: dict[str, Any], pr
             state_dict[key] = getattr(module.continue_proj, name).detach().clone()
 
 
+def halt_decision(q_halt: torch.Tensor, q_continue: torch.Tensor, halting: str) -> torch.Tensor:
+    """``[B]`` bool: where the Q-head halts during training, ``q_halt > q_continue`` under Q-learning halting
+    and ``q_halt > 0`` otherwise."""
+    q_halt = q_halt.float()
+    return q_halt > q_continue.float() if halting == "q-learning" else q_halt > 0
+
+
 def continue_target(
     q_halt_next: torch.Tensor, q_continue_next: torch.Tensor, last: bool | torch.Tensor
 ) -> torch.Tensor:
