@@ -230,6 +230,14 @@ FAULTS: tuple[Fault, ...] = (
         ("tests/tasks/test_text.py::test_heldout_is_the_last_five_percent_and_training_never_reads_it",),
         "the last training window may read the first held-out token",
     ),
+    Fault(
+        "unscored-labels-scored",
+        "train/deep_supervision.py",
+        "mask = labels != IGNORE_LABEL",
+        "mask = torch.ones_like(labels, dtype=torch.bool)",
+        ("tests/data/test_labels.py::test_the_loss_is_the_mean_over_scored_positions_only",),
+        "the supervision loss averages over unscored positions too",
+    ),
 )
 
 

@@ -367,7 +367,7 @@ def act_rollout(
     ``n_sup`` steps, and exploration is off so the run is deterministic.
 
     Each step's record holds the logits, ``q_halt``, ``q_continue``, the carry, which samples halted, and the
-    loss of :func:`act_step`. Labels 0 are not scored (the official code's ignored -100)."""
+    loss of :func:`act_step`. Labels ``IGNORE_LABEL`` are not scored, as in the official code."""
 
     size = len(labels)
     halted = torch.ones(size, dtype=torch.bool)

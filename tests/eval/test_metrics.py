@@ -11,6 +11,7 @@ import torch
 
 import latentloop.eval.metrics as metrics
 import latentloop.eval.reasoners as reasoners
+from latentloop.data.labels import IGNORE_LABEL
 from latentloop.tasks.base import get_task
 from latentloop.tasks.graph_coloring import Graph
 from latentloop.tasks.nqueens import all_solutions, board_from_columns
@@ -76,5 +77,5 @@ def test_answers_valid_accepts_any_completion_the_verifier_accepts():
 
 def test_answer_exact_ignores_unscored_positions():
     logits = torch.nn.functional.one_hot(torch.tensor([[1, 2, 3], [1, 1, 3]]), 4).float()
-    labels = torch.tensor([[1, 0, 3], [1, 2, 3]])
+    labels = torch.tensor([[1, IGNORE_LABEL, 3], [1, 2, 3]])
     assert metrics.answer_exact(logits, labels).tolist() == [True, False]

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 import latentloop.train.value as value_module
 from latentloop.cli import main
+from latentloop.data.labels import IGNORE_LABEL
 from latentloop.errors import UsageError
 from latentloop.eval.reasoners import answers_valid, load_run
 from latentloop.models.reasoners.heads import VALUE_HEAD_FILE, SequenceValueHead
@@ -39,7 +40,7 @@ def test_without_a_verifier_an_answer_is_valid_when_it_matches_the_scored_labels
     class Arc:
         puzzle_embeddings = True
 
-    labels = np.array([[3, 4, 0, 0], [3, 4, 0, 0]])
+    labels = np.array([[3, 4, IGNORE_LABEL, IGNORE_LABEL], [3, 4, IGNORE_LABEL, IGNORE_LABEL]])
     answers = np.array([[3, 4, 7, 7], [3, 5, 0, 0]])  # unscored positions differ / a scored one does
     assert answers_valid(Arc(), np.zeros_like(labels), answers, labels).tolist() == [True, False]
 

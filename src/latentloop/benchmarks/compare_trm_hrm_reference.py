@@ -48,6 +48,7 @@ import torch
 from safetensors.torch import save_file
 
 from latentloop.convert import act_rollout, act_step, convert_state_dict, official_reasoner, strip_prefixes
+from latentloop.data.labels import IGNORE_LABEL
 from latentloop.errors import ArgumentParser, UsageError
 from latentloop.io import emit_json_report
 from latentloop.models.reasoners import Reasoner
@@ -140,12 +141,12 @@ def build_official(
 
 
 def make_batch(seed: int, shape: dict[str, int] = SHAPE) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-    """Random puzzles and labels; a few labels are unscored (official -100, latentloop 0)."""
+    """Random puzzles and labels; a quarter of the labels are unscored (``IGNORE_LABEL``, in both codes)."""
     g = torch.Generator().manual_seed(seed)
     size = (shape["batch"], shape["seq_len"])
     inputs = torch.randint(1, shape["vocab"], size, generator=g)
     labels = torch.randint(1, shape["vocab"], size, generator=g)
-    labels[torch.rand(size, generator=g) < 0.25] = 0
+    labels[torch.rand(size, generator=g) < 0.25] = IGNORE_LABEL
     puzzle_ids = torch.randint(0, shape["puzzles"], (shape["batch"],), generator=g)
     return {"inputs": inputs, "puzzle_ids": puzzle_ids}, labels
 
@@ -153,7 +154,7 @@ def make_batch(seed: int, shape: dict[str, int] = SHAPE) -> tuple[dict[str, torc
 def official_batch(batch: dict[str, torch.Tensor], labels: torch.Tensor) -> dict[str, torch.Tensor]:
     return {
         "inputs": batch["inputs"].to(torch.int32),
-        "labels": torch.where(labels == 0, -100, labels).to(torch.int32),
+        "labels": labels.to(torch.int32),
         "puzzle_identifiers": batch["puzzle_ids"].to(torch.int32),
     }
 

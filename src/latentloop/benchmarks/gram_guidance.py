@@ -18,6 +18,7 @@ import sys
 import numpy as np
 import torch
 
+from latentloop.data.labels import scored_labels
 from latentloop.errors import ArgumentParser, UsageError
 from latentloop.eval.reasoners import decode_answer, load_run, run_dataset, unique_rows
 from latentloop.io import emit_json_report
@@ -68,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     rows = unique_rows(split, args.limit)
     inputs = torch.from_numpy(np.asarray(split["inputs"])[rows].astype(np.int64))
-    targets = torch.from_numpy(np.asarray(split["labels"])[rows].astype(np.int64))
+    targets = torch.from_numpy(scored_labels(np.asarray(split["labels"])[rows]))
     steps = args.steps or model.config.n_sup
     torch.manual_seed(args.seed)
     with torch.no_grad():

@@ -5,6 +5,7 @@ Layout of a dataset folder::
     metadata.json                 task, options, seed, seq_len, vocab_size, token ids, counts, puzzle info
     train/inputs.npy              uint8 [rows, seq_len]   token ids (0 = pad everywhere)
     train/labels.npy              uint8 [rows, seq_len]   token ids; 0 marks positions that are not scored
+                                                          (IGNORE_LABEL once loaded, see data/labels.py)
     train/puzzle_ids.npy          int32 [rows]            rows with the same input share an id (and ARC's
                                                           puzzle embedding); ids are shared across splits
     train/groups.npy              int32 [rows]            the original problem: augmented copies and all

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from latentloop.data.labels import IGNORE_LABEL
 from latentloop.errors import UsageError
 from latentloop.infer.scaling import select_sample, solve
 from latentloop.models.generation import generate
@@ -42,8 +43,8 @@ def answer_key(task: Task, answer: Any) -> Hashable:
 
 
 def answer_exact(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """``[B]`` bool: the argmax answer matches every scored label (labels 0 are not scored)."""
-    return ((logits.argmax(-1) == labels) | (labels == 0)).all(-1)
+    """``[B]`` bool: the argmax answer matches every scored label (``IGNORE_LABEL`` positions are not scored)."""
+    return ((logits.argmax(-1) == labels) | (labels == IGNORE_LABEL)).all(-1)
 
 
 def answers_valid(
@@ -57,8 +58,7 @@ def answers_valid(
     if task.puzzle_embeddings:
         if labels is None:
             raise ValueError(f"task {task.name!r} has no verifier: give the labels")
-        scored = labels != 0
-        return ((answers == labels) | ~scored).all(-1)
+        return ((answers == labels) | (labels == IGNORE_LABEL)).all(-1)
     return np.array(
         [
             task.violations(task.decode(x), task.decode_answer(a)) == 0
@@ -215,7 +215,7 @@ def heldout_metric(
             for inputs, labels, problems in task.heldout_batches(batch_size, limit):
                 logits = model(inputs.to(device), num_steps=num_steps, init_scale=init_scale).logits
                 predicted = logits.argmax(-1).cpu()
-                answer = labels != -100
+                answer = labels != IGNORE_LABEL
                 tokens_ok = ((predicted == labels) | ~answer).all(-1)
                 for row, ok in enumerate(tokens_ok.tolist()):
                     # The verifier has the last word (token equality of the canonical form implies it here).
@@ -231,10 +231,10 @@ def heldout_metric(
             labels = labels.to(device)
             nll += float(
                 torch.nn.functional.cross_entropy(
-                    logits.flatten(0, 1), labels.flatten(), ignore_index=-100, reduction="sum"
+                    logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE_LABEL, reduction="sum"
                 )
             )
-            count += int((labels != -100).sum())
+            count += int((labels != IGNORE_LABEL).sum())
         if count == 0:
             raise UsageError("the task's held-out split is empty")
         return {"perplexity": math.exp(min(nll / count, 700.0)), "loss": nll / count, "tokens": count}
@@ -262,7 +262,7 @@ def _voted_exact_match(
         width = max(map(len, prompts))
         ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], dtype=torch.long)
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], dtype=torch.long)
-        new_tokens = int((labels != -100).sum(-1).max())
+        new_tokens = int((labels != IGNORE_LABEL).sum(-1).max())
         out = generate(
             model,
             ids.to(device),

@@ -24,6 +24,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from latentloop.config import from_dict
+from latentloop.data.labels import IGNORE_LABEL
 from latentloop.errors import UsageError
 from latentloop.hub import PushToHub, lm_model_card, resolve_model, write_model_card
 from latentloop.models.generation import generate
@@ -334,7 +335,7 @@ class RecurrentDepthLM(PushToHub, nn.Module):
     ) -> RecurrentDepthOutput:
         """Logits for ``input_ids`` [B, T] at depth ``num_steps``.
 
-        ``labels`` [B, T] are aligned with the positions (already shifted; -100 is ignored). Gradients flow
+        ``labels`` [B, T] are aligned with the positions (already shifted; ``IGNORE_LABEL`` is not scored). Gradients flow
         only through the last iterations (truncated backpropagation, see :meth:`resolve_steps`).
         """
         no_grad, with_grad = self.resolve_steps(num_steps)
@@ -360,7 +361,7 @@ class RecurrentDepthLM(PushToHub, nn.Module):
         loss = None
         if labels is not None:
             loss = F.cross_entropy(
-                logits.flatten(0, 1), labels.flatten().to(logits.device), ignore_index=-100
+                logits.flatten(0, 1), labels.flatten().to(logits.device), ignore_index=IGNORE_LABEL
             )
         return RecurrentDepthOutput(
             logits=logits,

@@ -7,8 +7,8 @@ base turns that into the language model's data:
   its prompt text falls into the lowest ``test_fraction`` of buckets. Training draws skip those, so train and
   test are disjoint for every seed and however long training runs.
 - **Token layout** (byte-level ids, :mod:`latentloop.data.tokenizers`): ``input_ids`` is prompt + answer
-  without the final token; ``labels`` is -100 over the prompt, then the answer tokens and ``<eos>`` aligned
-  with the positions that predict them; every example is padded to :attr:`seq_len`.
+  without the final token; ``labels`` is ``IGNORE_LABEL`` (-100) over the prompt, then the answer tokens and
+  ``<eos>`` aligned with the positions that predict them; every example is padded to :attr:`seq_len`.
 - **Batches as pure functions.** Training batch ``step`` depends only on ``(seed, step)``, so resuming needs
   no data state.
 """
@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from latentloop.data.labels import IGNORE_LABEL
 from latentloop.data.tokenizers import ByteTokenizer
 from latentloop.errors import UsageError
 from latentloop.tasks.base import Task
@@ -143,9 +144,9 @@ class GeneratedProblemTask(Task):
         answer = [*self.tokenizer.encode(self.answer(problem)), self.tokenizer.eos_id]
         full = prompt + answer
         inputs = full[:-1]
-        labels = [-100] * (len(prompt) - 1) + answer
+        labels = [IGNORE_LABEL] * (len(prompt) - 1) + answer
         pad = self.seq_len - len(inputs)
-        return inputs + [self.tokenizer.pad_id] * pad, labels + [-100] * pad
+        return inputs + [self.tokenizer.pad_id] * pad, labels + [IGNORE_LABEL] * pad
 
     def collate(self, problems: list[Any]) -> tuple[torch.Tensor, torch.Tensor]:
         """``(input_ids, labels)`` int64 tensors [B, seq_len] for ``problems``."""

@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
+from latentloop.data.labels import IGNORE_LABEL, STORED_IGNORE, label_tokens
 from latentloop.errors import UsageError
 from latentloop.eval.metrics import answer_exact, quick_accuracy, unique_rows
 from latentloop.models.reasoners import REASONERS, Reasoner, build_reasoner, num_parameters
@@ -325,7 +326,7 @@ class HaltedReplacement(FixedBatches):
         size = self.tc.batch_size // self.ctx.world_size  # equal shards (dist.check_batch)
         length = self.model.config.seq_len
         self.inputs = torch.zeros(size, length, dtype=torch.long, device=self.device)
-        self.labels = torch.zeros(size, length, dtype=torch.long, device=self.device)
+        self.labels = torch.full((size, length), IGNORE_LABEL, dtype=torch.long, device=self.device)
         self.puzzle_ids = torch.zeros(size, dtype=torch.long, device=self.device)
         self.steps = torch.zeros(size, dtype=torch.long, device=self.device)
         self.halted = torch.ones(size, dtype=torch.bool, device=self.device)
@@ -385,6 +386,8 @@ class HaltedReplacement(FixedBatches):
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         for key in ("inputs", "labels", "puzzle_ids", "steps", "halted"):
             getattr(self, key).copy_(state[key])
+        # Checkpoints written before the IGNORE_LABEL convention hold the stored 0 there; no scored label is 0.
+        self.labels.masked_fill_(self.labels == STORED_IGNORE, IGNORE_LABEL)
         self.carry = {
             key.removeprefix("carry."): value.to(self.device)
             for key, value in state.items()
@@ -407,16 +410,16 @@ def supervision_loss(
     continue_target: torch.Tensor | None = None,
     weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """The loss of one supervision step and its parts (labels 0 are not scored).
+    """The loss of one supervision step and its parts (positions labelled ``IGNORE_LABEL`` are not scored).
 
     ``continue_target`` ``[B]`` (Q-learning halting, see :func:`next_step_continue_target`) adds the BCE of
     ``out.continue_logit`` against it to the halting loss. ``weights`` ``[B]`` weigh each sample's loss (the
     supervision-step weights of :mod:`latentloop.train.curriculum`); the parts are reported unweighted.
     """
-    mask = labels != 0
+    mask = labels != IGNORE_LABEL
     logits = out.logits.float()
     log_probs = stablemax_log_probs(logits) if tc.stablemax else F.log_softmax(logits, -1)
-    token_nll = -log_probs.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+    token_nll = -log_probs.gather(-1, label_tokens(labels).unsqueeze(-1)).squeeze(-1)
     scored = mask.sum(-1).clamp(min=1)
     ce_rows = (token_nll * mask).sum(-1) / scored
     if out.loss is not None:  # the generative baselines' own objective (AR, MDLM)

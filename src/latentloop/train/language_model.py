@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from latentloop.data.labels import IGNORE_LABEL
 from latentloop.errors import UsageError
 from latentloop.eval.metrics import heldout_metric
 from latentloop.models.recurrent_depth import RecurrentDepthConfig, RecurrentDepthLM
@@ -105,8 +106,8 @@ class LanguageModelObjective(Objective):
         if ctx.enabled:
             # The loss is a mean over scored tokens, which shards hold in different numbers: weight each shard
             # by its share, so the mean over ranks (what DDP does to gradients) is the global mean.
-            scored = int((labels != -100).sum())
-            share = scored / max(int((batch_labels != -100).sum()), 1)
+            scored = int((labels != IGNORE_LABEL).sum())
+            share = scored / max(int((batch_labels != IGNORE_LABEL).sum()), 1)
             if scored == 0:  # keep the graph (DDP expects every rank's gradients) without a 0/0
                 loss = output.logits.float().sum() * 0.0
             (loss_value,) = dist.all_reduce_sum([float(loss.detach()) * share], ctx)

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from latentloop.data.dataset import SPLITS, build_dataset, load_dataset
+from latentloop.data.labels import scored_labels
 from latentloop.errors import UsageError
 from latentloop.models.reasoners import ReasonerConfig
 from latentloop.tasks.base import Task
@@ -68,7 +69,8 @@ def train_batch(
 def draw_examples(
     task: Task, split: dict[str, np.ndarray], rng: np.random.Generator, count: int, augment: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``count`` rows of ``split`` drawn with replacement by ``rng``, augmented (see :func:`train_batch`)."""
+    """``count`` rows of ``split`` drawn with replacement by ``rng``, augmented (see :func:`train_batch`); the
+    labels mark unscored positions with :data:`~latentloop.data.labels.IGNORE_LABEL`."""
     rows = rng.integers(0, len(split["inputs"]), count)
     x, y = split["inputs"][rows].copy(), split["labels"][rows].copy()
     if augment:
@@ -76,7 +78,7 @@ def draw_examples(
     puzzle_ids = np.asarray(split["puzzle_ids"])[rows].astype(np.int64)
     return (
         torch.from_numpy(x.astype(np.int64)),
-        torch.from_numpy(y.astype(np.int64)),
+        torch.from_numpy(scored_labels(y)),
         torch.from_numpy(puzzle_ids),
     )
 

@@ -6,8 +6,9 @@ The sequence is ``[x_1 .. x_L, SEP, y_1 .. y_L]`` with rotary positions ``0 .. 2
     p(y | x) = prod_i p(y_i | x, y_<i)                         (next-token factorisation)
     loss     = -(1/L) sum_i log p(y_i | x, y_<i)                teacher forcing, every output position
 
-Every output position is scored, padding (label 0) included: at inference the model writes its own pads, and a
-pad it never learned to write would condition the tokens after it on something unseen in training.
+Every output position is scored, padding included (an unscored label is read as the pad token it is stored
+as, :func:`~latentloop.data.labels.label_tokens`): at inference the model writes its own pads, and a pad it
+never learned to write would condition the tokens after it on something unseen in training.
 
 A supervision step with a target is one teacher-forced pass (the trainer runs it as ``n_sup = 1``); without a
 target it decodes greedily. :meth:`ARReasoner.sample` is the sampler :func:`latentloop.infer.scaling.solve`
@@ -22,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from latentloop.data.labels import label_tokens
 from latentloop.errors import UsageError
 from latentloop.models.reasoners.base import (
     Carry,
@@ -115,8 +117,9 @@ class ARReasoner(Reasoner):
         inputs = batch["inputs"]
         length = self.config.seq_len
         if target is None:
-            tokens, _ = self.decode(inputs, temperature=0.0)
-            target = tokens
+            target, _ = self.decode(inputs, temperature=0.0)
+        else:
+            target = label_tokens(target)
         h = torch.cat([self.prefix(inputs), self.embed_tokens(target[:, :-1])], dim=1)  # [B, 2L, dim]
         out = self.readout(self.run(h, 0)[:, length:])  # states at SEP, y_1 .. y_{L-1}
         token_nll = F.cross_entropy(out.logits.float().transpose(1, 2), target.long(), reduction="none")

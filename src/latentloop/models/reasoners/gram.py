@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from latentloop.data.labels import label_tokens
 from latentloop.errors import UsageError
 from latentloop.models.reasoners.base import Carry, Reasoner, ReasonerConfig, ReasonerOutput, ReasoningModule
 
@@ -128,7 +129,7 @@ class GRAMReasoner(Reasoner):
         if temperature < 0:
             raise UsageError(f"temperature must be >= 0, got {temperature}")
         e_x, rope = self.embed_input(batch["inputs"], batch.get("puzzle_ids"))
-        e_y = None if target is None else self.target_embed(target.long())
+        e_y = None if target is None else self.target_embed(label_tokens(target).long())
         if e_y is not None and self.config.prefix_len:  # the puzzle-embedding positions have no target
             e_y = F.pad(e_y, (0, 0, self.config.prefix_len, 0))
         h, l = carry["h"], carry["l"]  # noqa: E741

@@ -10,8 +10,9 @@ the clean tokens. The continuous-time NELBO (Sahoo et al. 2024, MDLM) per sample
 Conditioning: the grids are aligned position by position, so the denoiser is the reasoners' bidirectional
 :class:`ReasoningModule` applied to ``e(z_t) + e_x`` (the input embedding added to the output positions, no
 concatenation); a masked position gets a learned mask embedding. There is no time input: the share of masks
-in ``z_t`` already tells the denoiser how far along it is. Every position is scored, padding (label 0)
-included, as the sampler writes every position.
+in ``z_t`` already tells the denoiser how far along it is. Every position is scored, padding included (an
+unscored label is read as the pad token, :func:`~latentloop.data.labels.label_tokens`), as the sampler writes
+every position.
 
 Reverse process (ancestral sampling, MDLM eq. for ``s < t``): a masked token is revealed with probability
 ``(α_s - α_t) / (1 - α_t) = (t - s) / t``, drawn from ``x_θ`` (at ``temperature``); a revealed token is carried
@@ -28,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from latentloop.data.labels import label_tokens
 from latentloop.errors import UsageError
 from latentloop.models.reasoners.ar import draw, geometric_mean_prob
 from latentloop.models.reasoners.base import Carry, Reasoner, ReasonerConfig, ReasonerOutput, ReasoningModule
@@ -104,6 +106,7 @@ class MDLMReasoner(Reasoner):
         inputs = batch["inputs"]
         if target is None:
             return {}, self.denoise(inputs, torch.full_like(inputs, MASK))
+        target = label_tokens(target)
         t = sample_times(inputs.shape[0], inputs.device)
         masked = torch.rand(target.shape, device=target.device) < (1 - alpha(t))[:, None]
         out = self.denoise(inputs, torch.where(masked, MASK, target))
