@@ -47,7 +47,9 @@ def test_drawn_batches_mark_exactly_the_stored_pads_unscored():
     stored = split["labels"][rows]
     assert (stored == STORED_IGNORE).any() and (stored != STORED_IGNORE).any()
     assert torch.equal(labels == IGNORE_LABEL, torch.from_numpy(stored == STORED_IGNORE))
-    assert torch.equal(labels[labels != IGNORE_LABEL], torch.from_numpy(stored[stored != STORED_IGNORE]).long())
+    assert torch.equal(
+        labels[labels != IGNORE_LABEL], torch.from_numpy(stored[stored != STORED_IGNORE]).long()
+    )
 
 
 def _output(logits: torch.Tensor) -> ReasonerOutput:
@@ -82,7 +84,9 @@ def test_models_that_read_labels_as_tokens_read_the_pad():
     labels = torch.from_numpy(labels)
     batch = {"inputs": torch.from_numpy(coloring_split(3)["inputs"].astype(np.int64))}
     for arch in ("gram", "ar", "mdlm"):
-        config = ReasonerConfig(vocab_size=task.vocab_size, seq_len=task.seq_len, dim=16, n_heads=2, hidden=32)
+        config = ReasonerConfig(
+            vocab_size=task.vocab_size, seq_len=task.seq_len, dim=16, n_heads=2, hidden=32
+        )
         torch.manual_seed(0)
         model = build_reasoner(arch, config)
         outputs = []
