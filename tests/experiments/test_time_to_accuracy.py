@@ -10,8 +10,9 @@ import yaml
 from latentloop.errors import UsageError
 from latentloop.experiments import load_experiment
 from latentloop.experiments import runner as runner_module
-from latentloop.experiments.report import format_flops, report_markdown
+from latentloop.experiments.report import format_flops, plot_results, report_markdown
 from latentloop.experiments.runner import ablation_gains, curve_summary, first_reached, run_experiment
+from latentloop.experiments.spec import ModelSpec
 from tests.tiny import TINY_REASONER, tiny_run
 
 QUIET = {"progress": False, "log": lambda _: None}
@@ -233,4 +234,43 @@ def test_report_of_hand_built_results_says_not_reached_and_the_differences():
     report = report_markdown(results)
     assert "| a | - | 2 | 40.0 | 40.0 | - | 2 / 200 / 1.23e14 | not reached |" in report
     assert "| b | `train.lr=1e-3` | 2 | 60.0 | 60.0 | - | 2 / 200 / - | not reached |" in report
-    assert "accuracy ≥ 95%: not reached by both; final accuracy +20.0 points, coverage -" in report
+    assert "accuracy ≥ 95%: not reached by both rows; final accuracy +20.0 points, coverage -" in report
+
+
+def test_a_row_that_drops_an_override_adds_the_configs_own_value(tmp_path):
+    config = tmp_path / "run.yaml"
+    config.write_text("train:\n  lr: 0.0015\n  curriculum: [{until: 0.4, n_sup: 4}]\n  augment: true\n")
+    before = ModelSpec(
+        "a", config, ["train.lr=1e-3", "train.curriculum=[]", "train.augment=false", "train.ema=0.9"]
+    )
+    spec = ModelSpec("b", config, ["train.augment=false", "train.seed=1"])
+    assert runner_module._adds(spec, before, None) == [
+        "train.seed=1",
+        "train.lr=0.0015 (config)",
+        'train.curriculum=[{"until": 0.4, "n_sup": 4}] (config)',
+        "train.ema default",
+    ]
+
+
+def test_the_coverage_row_is_drawn_only_for_tasks_with_coverage(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    shapes = []
+    real = plt.subplots
+
+    def recorded(*args, **kwargs):
+        shapes.append(args[:2])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(plt, "subplots", recorded)
+    point = {"step": 1, "train_minutes": 1.0, "examples_seen": 8, "flops": 1e9, "accuracy": 0.5}
+    for coverage in (None, 0.4):
+        curve = [{**point, "coverage": coverage}]
+        results = {
+            "experiment": "x",
+            "kind": "time-to-accuracy",
+            "targets": {},
+            "models": {"a": {"curve": curve}},
+        }
+        plot_results(results, tmp_path / "curves.png")
+    assert shapes == [(1, 3), (2, 3)]

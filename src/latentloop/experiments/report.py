@@ -248,6 +248,10 @@ def _generation_report_markdown(results: dict[str, Any], command: str | None) ->
     return "\n".join(lines) + "\n"
 
 
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
+
+
 def _gain_line(gain: dict[str, Any], targets: dict[str, float]) -> str:
     """One row's gain over the row before it: the time-to-target ratios where both reach a target, else (or
     for a target not reached by both) the differences in final accuracy and coverage."""
@@ -257,7 +261,9 @@ def _gain_line(gain: dict[str, Any], targets: dict[str, float]) -> str:
         ratio = gain["time_to_target_ratio"][metric]
         label = f"{metric} ≥ {target:g}%"
         parts.append(
-            f"{label} reached {ratio:.2f}x sooner" if ratio is not None else f"{label}: not reached by both"
+            f"{label} reached {ratio:.2f}x as fast"
+            if ratio is not None
+            else f"{label}: not reached by both rows"
         )
     if not targets or any(r is None for r in gain["time_to_target_ratio"].values()):
 
@@ -277,7 +283,7 @@ def _time_to_accuracy_report_markdown(results: dict[str, Any], command: str | No
     split = ev.get("split", "test")
     puzzles = f"{curves[0][-1]['puzzles']} {split} puzzles, " if curves else ""
     details = (
-        f"; a checkpoint every {ev['every']} batches, each evaluated on {puzzles}{ev['samples']} samples, "
+        f"; a checkpoint every {ev['every']} batches, each evaluated on {puzzles}{_count(ev['samples'], 'sample')}, "
         f"{ev['steps']} steps"
     )
     if ev.get("temperature", 1.0) != 1.0:
@@ -418,11 +424,15 @@ def _save_figure(fig: Any, path: Path, plt: Any) -> None:
 
 
 def _plot_time_to_accuracy(results: dict[str, Any], path: Path, plt: Any) -> None:
-    """Accuracy (top) and coverage (bottom) against training minutes, examples seen and FLOPs, one line per
-    model, the targets dashed; points without FLOPs are left out of the FLOPs column. ``plt``: pyplot."""
-    fig, axes = plt.subplots(2, 3, figsize=(12.6, 7.0), squeeze=False)
+    """Accuracy (top) and coverage (bottom, for tasks with several solutions) against training minutes,
+    examples seen and FLOPs, one line per model, the targets dashed; points without FLOPs are left out of the
+    FLOPs column. ``plt``: pyplot."""
+    curves = [p for row in results["models"].values() for p in row["curve"]]
+    metrics = [("accuracy", "accuracy (vote)")]
+    if any(p.get("coverage") is not None for p in curves):
+        metrics.append(("coverage", "coverage"))
+    fig, axes = plt.subplots(len(metrics), 3, figsize=(12.6, 3.5 * len(metrics)), squeeze=False)
     columns = (("train_minutes", "training minutes"), ("examples_seen", "examples seen"), ("flops", "FLOPs"))
-    metrics = (("accuracy", "accuracy (vote)"), ("coverage", "coverage"))
     targets = results.get("targets", {})
     for name, row in results["models"].items():
         for r, (metric, _) in enumerate(metrics):

@@ -30,7 +30,7 @@ from latentloop.errors import UsageError
 from latentloop.eval.generation import sample_run
 from latentloop.eval.lm import evaluate_lm
 from latentloop.eval.reasoners import evaluate_reasoner, load_run, run_dataset
-from latentloop.experiments.report import plot_example_boards, plot_results, report_markdown
+from latentloop.experiments.report import TIME_TO_ACCURACY, plot_example_boards, plot_results, report_markdown
 from latentloop.experiments.spec import EvalSpec, Experiment, ModelSpec, positive_number
 from latentloop.io import atomic_write_text
 from latentloop.models.reasoners import REASONERS
@@ -40,8 +40,6 @@ from latentloop.train.checkpoint import list_checkpoints, read_trainer_state
 from latentloop.train.loop import train
 from latentloop.train.run_config import build_reasoner_config, build_run_config
 from latentloop.train.value import fit_value_head, save_value_head
-
-TIME_TO_ACCURACY = "time-to-accuracy"
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
@@ -456,14 +454,32 @@ def _relative_config(config: Path, experiment: Experiment) -> str:
 
 
 def _adds(spec: ModelSpec, before: ModelSpec | None, experiment: Experiment) -> list[str]:
-    """The options ``spec`` adds to the ablation row before it: its overrides that row lacks, and its run
-    config when that differs (the first row: all its overrides)."""
+    """The options ``spec`` adds to the ablation row before it: its overrides that row lacks, the run config's
+    own value of each key that row overrode and this one leaves alone (``train.lr=0.0015 (config)``), and its
+    run config when that differs (the first row: all its overrides)."""
     if before is None:
         return list(spec.overrides)
     added = [o for o in spec.overrides if o not in before.overrides]
+    kept = {o.partition("=")[0] for o in spec.overrides}
+    config = load_yaml(spec.config)
+    for override in before.overrides:
+        key = override.partition("=")[0]
+        if key not in kept:
+            value = _config_value(config, key)
+            added.append(f"{key} default" if value is None else f"{key}={value} (config)")
     if spec.config != before.config:
         added.insert(0, f"config {_relative_config(spec.config, experiment)}")
     return added
+
+
+def _config_value(config: dict[str, Any], dotted: str) -> str | None:
+    """The value a run config gives the dotted key, as JSON text (None where the config lacks it)."""
+    value: Any = config
+    for part in dotted.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return None
+        value = value[part]
+    return value if isinstance(value, str) else json.dumps(value)
 
 
 def _time_to_accuracy_row(
