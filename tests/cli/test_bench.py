@@ -7,6 +7,13 @@ import json
 import torch
 
 from latentloop.cli import main
+from latentloop.models.generation import generate
+from latentloop.models.recurrent_depth import RecurrentDepthLM
+from latentloop.tasks.text import TextTask
+from latentloop.train.checkpoint import resolve_checkpoint
+from latentloop.train.loop import train
+from latentloop.train.run_config import build_run_config
+from tests.tiny import TINY_LM
 
 
 def test_list_names_every_script_with_what_it_measures(capsys):
@@ -81,3 +88,26 @@ def test_gram_guidance_reports_every_hand_over_step_and_refuses_a_deterministic_
     assert len(report["posterior"]["kl_per_step"]) == steps and min(report["posterior"]["kl_per_step"]) >= 0
     assert main(["bench", "gram_guidance", str(tmp_path / "trm")]) == 2
     assert "a GRAM run is needed" in capsys.readouterr().err
+
+
+def test_the_parallel_sampler_benchmark_prompts_a_text_run_with_its_held_out_windows(tmp_path, capsys):
+    config = build_run_config({**TINY_LM, "task": {"name": "text", "seq_len": 16}}, ["train.steps=2"])
+    run = tmp_path / "run"
+    train(config, run)
+    task = TextTask(seq_len=16)
+    windows = next(iter(task.heldout_batches(2, 2)))[0]
+    argv = ["--model", str(run), "--prompts", "2", "--prompt-tokens", "6", "--num-steps", "3"]
+    out = tmp_path / "parallel.json"
+    assert main(["bench", "parallel_sampler", *argv, "--max-new-tokens", "4", "--output", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["prompts"] == 2 and report["num_steps"] == 3
+    assert report["settings"]["limit"]["exact_share"] == 1.0  # the limit setting is sequential decoding
+    assert 0 <= report["sequential_latent_diff"]["token_agreement"] <= 1
+    # The prompts are the opening tokens of the held-out windows, continued greedily at the full depth.
+    model = RecurrentDepthLM.from_pretrained(resolve_checkpoint(run)).eval()
+    for example, window in zip(report["examples"], windows, strict=True):
+        assert example["prompt"] == window[:6].tolist()
+        expected = generate(
+            model, window[None, :6], max_new_tokens=4, num_steps=3, init_scale=0.0, kv_share=1
+        )
+        assert example["sequential"] == expected.sequences[0, 6:].tolist()
