@@ -78,14 +78,13 @@ def test_exact_answers_ignore_unscored_positions_only():
 
 
 def test_models_that_read_labels_as_tokens_read_the_pad():
-    task = get_task("graph-coloring", n=5)
-    labels = scored_labels(coloring_split(3)["labels"])
-    stored = torch.from_numpy(np.where(labels == IGNORE_LABEL, STORED_IGNORE, labels))
-    labels = torch.from_numpy(labels)
-    batch = {"inputs": torch.from_numpy(coloring_split(3)["inputs"].astype(np.int64))}
+    split = coloring_split(3)
+    stored = torch.from_numpy(split["labels"].astype(np.int64))
+    labels = torch.from_numpy(scored_labels(split["labels"]))
+    batch = {"inputs": torch.from_numpy(split["inputs"].astype(np.int64))}
     for arch in ("gram", "ar", "mdlm"):
         config = ReasonerConfig(
-            vocab_size=task.vocab_size, seq_len=task.seq_len, dim=16, n_heads=2, hidden=32
+            vocab_size=COLORING.vocab_size, seq_len=COLORING.seq_len, dim=16, n_heads=2, hidden=32
         )
         torch.manual_seed(0)
         model = build_reasoner(arch, config)
