@@ -86,7 +86,7 @@ def test_default_augment_leaves_the_batch_and_the_generator_alone() -> None:
 
 
 def test_an_exact_solver_is_declared_only_where_there_is_one() -> None:
-    for name in ("digits", "arithmetic", "chains", "text"):
+    for name in ("digits", "arithmetic", "chains", "permutations", "text"):
         with pytest.raises(
             UsageError, match=rf"task '{name}' has no exact solver \(it is solved with --model\)"
         ):
@@ -119,6 +119,7 @@ def test_the_declared_capabilities_of_each_task() -> None:
     assert declared == {
         "arithmetic": set(),
         "chains": set(),
+        "permutations": set(),
         "text": set(),
         "sudoku": {"has_blank"},
         "nqueens": {"multi_solution"},
@@ -131,10 +132,12 @@ def test_the_declared_capabilities_of_each_task() -> None:
     assert {name for name in TASKS if task_class(name).trains_language_model} == {
         "arithmetic",
         "chains",
+        "permutations",
         "text",
     }
     assert get_task("arithmetic").metric == "exact_match" and get_task("text").metric == "perplexity"
     assert get_task("chains").metric == "exact_match"
+    assert get_task("permutations").metric == "exact_match"
 
 
 # Augmentation -----------------------------------------------------------------------------------------------

@@ -183,6 +183,7 @@ class Task(ABC):
 TASKS: dict[str, str] = {
     "arithmetic": "latentloop.tasks.arithmetic:ArithmeticTask",
     "chains": "latentloop.tasks.chains:ChainsTask",
+    "permutations": "latentloop.tasks.permutations:PermutationsTask",
     "text": "latentloop.tasks.text:TextTask",
     "sudoku": "latentloop.tasks.sudoku:SudokuTask",
     "nqueens": "latentloop.tasks.nqueens:NQueensTask",
