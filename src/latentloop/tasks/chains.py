@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from latentloop.errors import UsageError
-from latentloop.tasks.problems import GeneratedProblemTask, integer_option
+from latentloop.tasks.problems import GeneratedProblemTask, integer_option, integer_range
 
 LETTERS = string.ascii_lowercase
 MODULUS = 10
@@ -77,22 +77,6 @@ class Chains:
         return count
 
 
-def hop_range(value: Any, name: str, variables: int) -> tuple[int, int]:
-    """``"3-8"``, ``[3, 8]`` or ``5`` as an inclusive range within ``1..variables``; one-line errors."""
-    if isinstance(value, str) and "-" in value:
-        parts: list[Any] = value.split("-", 1)
-    elif isinstance(value, (list, tuple)):
-        parts = list(value)
-    else:
-        parts = [value, value]
-    if len(parts) != 2:
-        raise UsageError(f"chains: {name} must be a hop count or a range such as 2-8, got {value!r}")
-    low, high = (integer_option("chains", p, name, 1, variables) for p in parts)
-    if low > high:
-        raise UsageError(f"chains: {name} must run from low to high, got {value!r}")
-    return low, high
-
-
 class ChainsTask(GeneratedProblemTask):
     """Variable chains with sums mod 10; see the module docstring.
 
@@ -117,10 +101,14 @@ class ChainsTask(GeneratedProblemTask):
     ) -> None:
         self.variables = integer_option(self.name, variables, "variables", 2, len(LETTERS))
         self.hops = (
-            (1, min(8, self.variables)) if hops in (None, "") else hop_range(hops, "hops", self.variables)
+            (1, min(8, self.variables))
+            if hops in (None, "")
+            else integer_range(self.name, hops, "hops", 1, self.variables)
         )
         self.test_hops = (
-            self.hops if test_hops in (None, "") else hop_range(test_hops, "test_hops", self.variables)
+            self.hops
+            if test_hops in (None, "")
+            else integer_range(self.name, test_hops, "test_hops", 1, self.variables)
         )
         self.hops_warmup = integer_option(self.name, hops_warmup, "hops_warmup", 0, 10**9)
         self.warmup_variables = (

@@ -32,7 +32,13 @@ import numpy as np
 import torch
 
 from latentloop.errors import UsageError
-from latentloop.tasks.problems import DATA_STREAM, GeneratedProblemTask, integer_option
+from latentloop.tasks.problems import (
+    DATA_STREAM,
+    GeneratedProblemTask,
+    boolean_option,
+    integer_option,
+    integer_range,
+)
 
 # Letter i is the i-th permutation of (0, 1, 2) in lexicographic order; a permutation p maps object j to p[j].
 ELEMENTS: tuple[tuple[int, ...], ...] = tuple(itertools.permutations(range(3)))
@@ -71,22 +77,6 @@ class Word:
         return out
 
 
-def length_range(value: Any, name: str) -> tuple[int, int]:
-    """``"4-16"``, ``[4, 16]`` or ``8`` as an inclusive range within ``1..MAX_LENGTH``; one-line errors."""
-    if isinstance(value, str) and "-" in value:
-        parts: list[Any] = value.split("-", 1)
-    elif isinstance(value, (list, tuple)):
-        parts = list(value)
-    else:
-        parts = [value, value]
-    if len(parts) != 2:
-        raise UsageError(f"permutations: {name} must be a length or a range such as 2-16, got {value!r}")
-    low, high = (integer_option("permutations", p, name, 1, MAX_LENGTH) for p in parts)
-    if low > high:
-        raise UsageError(f"permutations: {name} must run from low to high, got {value!r}")
-    return low, high
-
-
 class PermutationsTask(GeneratedProblemTask):
     """Products of words over S3; see the module docstring.
 
@@ -108,14 +98,14 @@ class PermutationsTask(GeneratedProblemTask):
         test_fraction: float | str = 0.05,
         test_size: int | str = 1000,
     ) -> None:
-        self.length = length_range(length, "length")
+        self.length = integer_range(self.name, length, "length", 1, MAX_LENGTH)
         self.test_length = (
-            self.length if test_length in (None, "") else length_range(test_length, "test_length")
+            self.length
+            if test_length in (None, "")
+            else integer_range(self.name, test_length, "test_length", 1, MAX_LENGTH)
         )
         self.length_warmup = integer_option(self.name, length_warmup, "length_warmup", 0, 10**9)
-        if str(prefix_labels).lower() not in ("true", "false", "1", "0"):
-            raise UsageError(f"permutations: prefix_labels must be true or false, got {prefix_labels!r}")
-        self.prefix_labels = str(prefix_labels).lower() in ("true", "1")
+        self.prefix_labels = boolean_option(self.name, prefix_labels, "prefix_labels")
         super().__init__(test_fraction, test_size)
         # The longest prompt (word and "="), its answer letter and <eos>, less the last token.
         self.seq_len = max(self.length[1], self.test_length[1]) + 2

@@ -44,6 +44,34 @@ def integer_option(task: str, value: Any, name: str, low: int, high: int) -> int
     return int(number)
 
 
+def boolean_option(task: str, value: Any, name: str) -> bool:
+    """``value`` (a bool or true/false, yes/no, 1/0) as a bool; a one-line :class:`UsageError` naming ``task``
+    and ``name``."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).lower()
+    if text not in ("true", "false", "yes", "no", "1", "0"):
+        raise UsageError(f"{task}: {name} must be true or false, got {value!r}")
+    return text in ("true", "yes", "1")
+
+
+def integer_range(task: str, value: Any, name: str, low: int, high: int) -> tuple[int, int]:
+    """``"3-8"``, ``[3, 8]`` or ``5`` as an inclusive range within ``low..high``; a one-line
+    :class:`UsageError` naming ``task`` and ``name``."""
+    if isinstance(value, str) and "-" in value:
+        parts: list[Any] = value.split("-", 1)
+    elif isinstance(value, (list, tuple)):
+        parts = list(value)
+    else:
+        parts = [value, value]
+    if len(parts) != 2:
+        raise UsageError(f"{task}: {name} must be a whole number or a range such as 2-8, got {value!r}")
+    first, last = (integer_option(task, part, name, low, high) for part in parts)
+    if first > last:
+        raise UsageError(f"{task}: {name} must run from low to high, got {value!r}")
+    return first, last
+
+
 class GeneratedProblemTask(Task):
     """A language-model task over generated problems with one canonical text answer each (``exact_match``).
 
