@@ -7,11 +7,13 @@ word of them and ``=``, the answer the one letter of their product, the permutat
     bdf=    ->  d      b = 021, d = 120, f = 210 (p maps object j to p[j]): apply b, then d, then f
 
 Why this measures depth. S3 is not commutative, so the product is not a function of how often each letter
-occurs, the shortcut that a constant-depth transformer can take for sums and counts (parity, sums mod n): the
-order matters, and the known ways to compose a word go through it one letter at a time or in a tree of
-pairwise products (Liu et al. 2023, "Transformers learn shortcuts to automata", study exactly this word
-problem). A causal model that carries the product so far from one position to the next needs about one layer
-per letter, so a recurrent-depth model needs more core iterations for longer words. The product of a random
+occurs, the shortcut that a constant-depth transformer can take for sums and counts (sums mod n): the order
+matters. The direct ways to compose a word go through it one letter at a time or in a tree of pairwise
+products. Liu et al. (2023, "Transformers learn shortcuts to automata") study this word problem; S3 is
+solvable, so shallow shortcuts exist (they construct them), and whether a model finds one is what its depth
+curve shows. A causal model that
+carries the product so far from one position to the next needs about one layer per letter, so a
+recurrent-depth model needs more core iterations for longer words. The product of a random
 word is uniform over the six letters, so guessing gets 1/6 whatever the length.
 
 Difficulty is the knob ``length``: training draws the word's length uniformly from its range (with
