@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from latentloop.errors import UsageError
-from latentloop.tasks.problems import GeneratedProblemTask, integer_option, integer_range
+from latentloop.tasks.problems import GeneratedProblemTask, growing_range, integer_option, integer_range
 
 LETTERS = string.ascii_lowercase
 MODULUS = 10
@@ -123,10 +123,7 @@ class ChainsTask(GeneratedProblemTask):
     # Problems -------------------------------------------------------------------------------------------------
     def hop_range_at(self, step: int | None) -> tuple[int, int]:
         """The training chain lengths at training ``step``: the curriculum's range while it lasts."""
-        low, high = self.hops
-        if self.hops_warmup and step is not None:
-            high = low + int((high - low) * min(1.0, step / self.hops_warmup))
-        return low, high
+        return growing_range(self.hops, self.hops_warmup, step)
 
     def statements_at(self, step: int | None) -> int:
         """Statements per training problem at training ``step`` (``warmup_variables`` growing to ``variables``

@@ -11,10 +11,9 @@ occurs, the shortcut that a constant-depth transformer can take for sums and cou
 matters. The direct ways to compose a word go through it one letter at a time or in a tree of pairwise
 products. Liu et al. (2023, "Transformers learn shortcuts to automata") study this word problem; S3 is
 solvable, so shallow shortcuts exist (they construct them), and whether a model finds one is what its depth
-curve shows. A causal model that
-carries the product so far from one position to the next needs about one layer per letter, so a
-recurrent-depth model needs more core iterations for longer words. The product of a random
-word is uniform over the six letters, so guessing gets 1/6 whatever the length.
+curve shows. A causal model that carries the product so far from one position to the next needs about one
+layer per letter, so a recurrent-depth model needs more core iterations for longer words. The product of a
+random word is uniform over the six letters, so guessing gets 1/6 whatever the length.
 
 Difficulty is the knob ``length``: training draws the word's length uniformly from its range (with
 ``length_warmup=N``, from a range whose top grows linearly from the shortest length to the longest over the
@@ -35,9 +34,9 @@ import torch
 
 from latentloop.errors import UsageError
 from latentloop.tasks.problems import (
-    DATA_STREAM,
     GeneratedProblemTask,
     boolean_option,
+    growing_range,
     integer_option,
     integer_range,
 )
@@ -64,15 +63,13 @@ class Word:
     letters: tuple[int, ...]
 
     def product(self) -> int:
-        """The index of the word's product."""
-        value = 0  # the identity
-        for letter in self.letters:
-            value = int(_TABLE[value, letter])
-        return value
+        """The index of the word's product (the identity, 0, for the empty word)."""
+        products = self.prefix_products()
+        return products[-1] if products else 0
 
     def prefix_products(self) -> list[int]:
         """The product of every prefix: what a model carrying the product from letter to letter holds."""
-        value, out = 0, []
+        value, out = 0, []  # 0: the identity
         for letter in self.letters:
             value = int(_TABLE[value, letter])
             out.append(value)
@@ -115,10 +112,7 @@ class PermutationsTask(GeneratedProblemTask):
     # Problems -------------------------------------------------------------------------------------------------
     def length_range_at(self, step: int | None) -> tuple[int, int]:
         """The training word lengths at training ``step``: the curriculum's range while it lasts."""
-        low, high = self.length
-        if self.length_warmup and step is not None:
-            high = low + int((high - low) * min(1.0, step / self.length_warmup))
-        return low, high
+        return growing_range(self.length, self.length_warmup, step)
 
     def random_problem(self, rng: np.random.Generator, split: str = "train", step: int | None = None) -> Word:
         """A word of uniformly random letters, its length uniform over the split's range (training: the range at
@@ -133,8 +127,7 @@ class PermutationsTask(GeneratedProblemTask):
         model is told what to carry at every position, not only at ``=``. This is the per-position target
         of the prefix-sum tasks of Schwarzschild et al. (2021); it names no intermediate *token*, so the
         products are still computed in the latent iterations. Held-out batches label the answer only."""
-        rng = np.random.default_rng([DATA_STREAM, int(seed) & 0xFFFFFFFF, int(step)])
-        problems = [self.sample_train(rng, int(step)) for _ in range(batch_size)]
+        problems = self.training_problems(step, batch_size, seed)
         inputs, labels = self.collate(problems)
         if self.prefix_labels:
             for row, problem in enumerate(problems):

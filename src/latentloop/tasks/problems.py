@@ -72,6 +72,15 @@ def integer_range(task: str, value: Any, name: str, low: int, high: int) -> tupl
     return first, last
 
 
+def growing_range(full: tuple[int, int], warmup: int, step: int | None) -> tuple[int, int]:
+    """A curriculum over a difficulty range: at training ``step`` the top grows linearly from ``full[0]`` to
+    ``full[1]`` over the first ``warmup`` steps (``warmup`` 0, or no step: the full range)."""
+    low, high = full
+    if warmup and step is not None:
+        high = low + int((high - low) * min(1.0, step / warmup))
+    return low, high
+
+
 class GeneratedProblemTask(Task):
     """A language-model task over generated problems with one canonical text answer each (``exact_match``).
 
@@ -186,8 +195,12 @@ class GeneratedProblemTask(Task):
 
     def train_batch(self, step: int, batch_size: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """The training batch of ``step``: a pure function of ``(seed, step)``, so resuming needs no data state."""
+        return self.collate(self.training_problems(step, batch_size, seed))
+
+    def training_problems(self, step: int, batch_size: int, seed: int = 0) -> list[Any]:
+        """The problems of training batch ``step`` (what :meth:`train_batch` collates)."""
         rng = np.random.default_rng([DATA_STREAM, int(seed) & 0xFFFFFFFF, int(step)])
-        return self.collate([self.sample_train(rng, int(step)) for _ in range(batch_size)])
+        return [self.sample_train(rng, int(step)) for _ in range(batch_size)]
 
     def heldout_batches(
         self, batch_size: int, limit: int | None = None
