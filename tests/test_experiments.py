@@ -87,7 +87,7 @@ def test_a_shipped_experiment_is_named_by_its_path_in_the_package():
 
     experiment = load_experiment("default")
     assert shipped_or_relative(experiment.path) == "configs/experiments/default.yaml"
-    assert shipped_or_relative(experiment.models[0].config) == "configs/nqueens8-gram-fast.yaml"
+    assert shipped_or_relative(experiment.models[0].config) == "configs/graph-coloring8-gram-fast.yaml"
 
 
 def test_second_run_skips_finished_parts(tmp_path):

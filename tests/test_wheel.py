@@ -167,8 +167,8 @@ def test_the_installed_wheel_runs_outside_the_checkout(installed):
     results = json.loads((out / "results.json").read_text())
     assert results["file"] == "configs/experiments/default.yaml"
     assert {row["train"]["config"] for row in results["models"].values()} == {
-        "../nqueens8-gram-fast.yaml",
-        "../nqueens8-trm-fast.yaml",
+        "../graph-coloring8-gram-fast.yaml",
+        "../graph-coloring8-trm-fast.yaml",
     }
     written = (out / "results.json").read_text() + (out / "report.md").read_text()
     assert str(installed["venv"].parent) not in written and "site-packages" not in written
