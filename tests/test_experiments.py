@@ -123,6 +123,31 @@ def test_budget_is_split_between_models(tmp_path):
     assert results["models"]["trm"]["train"]["budget_minutes"] == 1.5
 
 
+def test_models_trained_side_by_side_train_as_they_do_one_at_a_time_on_as_many_threads(tmp_path, monkeypatch):
+    import torch
+
+    experiment = load_experiment(str(write_experiment(tmp_path, jobs=2)))
+    assert experiment.jobs == 2
+    threads = max(1, torch.get_num_threads() // 2)
+    side_by_side = run_experiment(experiment, tmp_path / "both", progress=False, log=lambda _: None)
+    assert side_by_side["jobs"] == 2
+    monkeypatch.setattr(experiment, "jobs", 1)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        alone = run_experiment(experiment, tmp_path / "alone", progress=False, log=lambda _: None)
+    finally:
+        torch.set_num_threads(before)
+    assert alone["jobs"] == 1
+    for name in ("gram", "trm"):
+        ours, theirs = side_by_side["models"][name], alone["models"][name]
+        assert ours["train"]["torch_threads"] == theirs["train"]["torch_threads"] == threads
+        assert ours["train"]["final_loss"] == theirs["train"]["final_loss"]
+        assert ours["eval"]["curve_samples"] == theirs["eval"]["curve_samples"]
+    report = (tmp_path / "both" / "report.md").read_text()
+    assert "2 models at a time" in report
+
+
 @pytest.mark.parametrize(
     "changes, message",
     [
@@ -133,6 +158,8 @@ def test_budget_is_split_between_models(tmp_path):
         ({"eval": {"sample": 3}}, "unknown eval keys"),
         ({"eval": {"temperature": -1}}, "eval.temperature"),
         ({"eval": {"fit_value": -1}}, "eval.fit_value"),
+        ({"jobs": 0}, "jobs must be a whole number"),
+        ({"jobs": 1.5}, "jobs must be a whole number"),
     ],
 )
 def test_bad_experiment_files_are_usage_errors(tmp_path, changes, message):
@@ -155,6 +182,7 @@ def test_shipped_experiments_load():
         (["run", "default", "--budget-minutes", "abc"], "positive number"),
         (["run", "default", "--budget-minutes", "0"], "positive number"),
         (["run", "default", "--budget-minutes", "nan"], "positive number"),
+        (["run", "default", "--jobs", "0"], "--jobs"),
         (["run", "seed=1"], "KEY=VALUE"),
         (["run", "default", "train.bogus=1"], "unknown config key 'train.bogus'"),
         (["run", "default", "model.dim=abc"], "model.dim"),

@@ -46,6 +46,12 @@ def run_command(
     budget_minutes: str = typer.Option(
         None, "--budget-minutes", help="Training time of the whole experiment, split between its models."
     ),
+    jobs: int = typer.Option(
+        None,
+        "--jobs",
+        min=1,
+        help="Models trained at once, each on an equal share of the cores (default: the experiment's jobs).",
+    ),
     list_only: bool = typer.Option(False, "--list", help="List the shipped experiments and exit."),
     report: str = typer.Option(None, "--report", help="Also write this experiment's section into FILE.md."),
     json_output: bool = typer.Option(False, "--json", help="Print the results as JSON."),
@@ -76,6 +82,8 @@ def run_command(
     if experiment is not None and "=" in experiment:  # `latentloop run train.seed=1`: the default experiment
         experiment, overrides = None, [experiment, *overrides]
     spec = load_experiment(experiment or DEFAULT_EXPERIMENT, overrides)
+    if jobs is not None:
+        spec.jobs = jobs
     out_dir = Path(out) if out else Path("runs") / spec.name
 
     def log(line: str) -> None:
@@ -90,6 +98,8 @@ def run_command(
         words += ["--out", str(out_dir), "--report", report]
         if budget is not None:
             words += ["--budget-minutes", f"{budget:g}"]
+        if jobs is not None:
+            words += ["--jobs", str(jobs)]
         command = " ".join(shlex.quote(w) for w in words)
         update_results_file(Path(report), spec.name, report_markdown(results, command))
     if json_output:

@@ -128,13 +128,16 @@ def summary_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
 def _report_heading(results: dict[str, Any], details: str, command: str | None) -> list[str]:
     """The lines every report starts with: title, description, where and how it was measured, the command."""
     machine_ = results["machine"]
+    jobs = results.get("jobs", 1)
+    threads = max(1, machine_["torch_threads"] // jobs)
+    together = f" ({jobs} models at a time, {threads} thread{'s' * (threads > 1)} each)" if jobs > 1 else ""
     lines = [
         f"## {results['experiment']}",
         "",
         results["description"],
         "",
         f"Measured on {results['date']} ({machine_['cpus']} CPUs, torch {machine_['torch']}, {machine_['device']}); "
-        f"training budget {results['budget_minutes_per_model']:g} min of wall-clock per model{details}.",
+        f"training budget {results['budget_minutes_per_model']:g} min of wall-clock per model{together}{details}.",
     ]
     return lines + (["", f"Command: `{command}`"] if command else [])
 

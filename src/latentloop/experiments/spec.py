@@ -73,6 +73,7 @@ class Experiment:
     kind: str = "reasoners"
     overrides: list[str] = field(default_factory=list)  # given for this run (see load_experiment)
     targets: dict[str, float] = field(default_factory=dict)  # kind: time-to-accuracy: metric -> percent
+    jobs: int = 1  # models trained and evaluated at once, each in its own process on a share of the cores
 
 
 def available_experiments(folder: Path = EXPERIMENTS_DIR) -> list[str]:
@@ -241,6 +242,9 @@ def load_experiment(name_or_path: str, overrides: Sequence[str] = ()) -> Experim
         raise UsageError(f"{path}: kind must be one of {', '.join(KINDS)}, not {kind!r}")
     targets = _parse_targets(data.get("targets"), path)
     expected = data.get("expected_minutes")
+    jobs = data.get("jobs", 1)
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise UsageError(f"{path}: jobs must be a whole number of at least 1, got {jobs!r}")
     return Experiment(
         name=path.stem,
         path=path,
@@ -254,4 +258,5 @@ def load_experiment(name_or_path: str, overrides: Sequence[str] = ()) -> Experim
         kind=kind,
         overrides=list(overrides),
         targets=targets,
+        jobs=jobs,
     )
