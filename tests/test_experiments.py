@@ -130,7 +130,7 @@ def test_models_trained_side_by_side_train_as_they_do_one_at_a_time_on_as_many_t
     assert experiment.jobs == 2
     threads = max(1, torch.get_num_threads() // 2)
     side_by_side = run_experiment(experiment, tmp_path / "both", progress=False, log=lambda _: None)
-    assert side_by_side["jobs"] == 2
+    assert side_by_side["jobs"] == 2 and side_by_side["threads_per_model"] == threads
     monkeypatch.setattr(experiment, "jobs", 1)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)

@@ -38,10 +38,10 @@ target, else the difference in final accuracy and coverage; ``curves.png`` draws
 minutes, examples and FLOPs.
 
 ``jobs: 2`` (or ``latentloop run --jobs 2``) trains and evaluates two models at once, each in its own process
-on half of the cores (``torch.set_num_threads``), with the same wall-clock budget each. The small models of the
-shipped experiments use one core far better than two (their batches are too small to split well), so side by
-side each one runs more batches in its budget than alone on all cores; each run's ``train.json`` records its
-``torch_threads``. Progress bars are off then, and each model logs its lines to standard error.
+on half of the cores (``torch.set_num_threads``), with the same wall-clock budget each; each run's
+``train.json`` records its ``torch_threads``. Whether that gives a model more batches than half the time alone
+on all cores depends on the model and the machine (measure it). Progress bars are off then, and each model logs
+its lines to standard error.
 
 :func:`run_experiment` trains each model in ``OUT/<model>`` (resuming an interrupted run; a finished run is not
 trained again), evaluates it on the test split with depth (steps ``1..steps``) and width (samples

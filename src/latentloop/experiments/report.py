@@ -128,8 +128,7 @@ def summary_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
 def _report_heading(results: dict[str, Any], details: str, command: str | None) -> list[str]:
     """The lines every report starts with: title, description, where and how it was measured, the command."""
     machine_ = results["machine"]
-    jobs = results.get("jobs", 1)
-    threads = max(1, machine_["torch_threads"] // jobs)
+    jobs, threads = results.get("jobs", 1), results.get("threads_per_model")
     together = f" ({jobs} models at a time, {threads} thread{'s' * (threads > 1)} each)" if jobs > 1 else ""
     lines = [
         f"## {results['experiment']}",

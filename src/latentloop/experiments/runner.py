@@ -560,14 +560,17 @@ def _model_row_in_worker(threads: int, *args: Any) -> dict[str, Any]:
     return _model_row(*args, False, _log_to_stderr)
 
 
+def threads_per_job(jobs: int) -> int:
+    """The torch threads each of ``jobs`` models trained at once gets: an equal share of this process's."""
+    return max(1, torch.get_num_threads() // jobs)
+
+
 def _model_rows_side_by_side(
     experiment: Experiment, specs: list[ModelSpec], out: Path, minutes: float, jobs: int
 ) -> dict[str, Any]:
     """The rows of :func:`_model_row` with ``jobs`` models trained and evaluated at once, each in its own
-    process on an equal share of the cores. Small models use a core far better alone than split over
-    several, so this gives each more batches in the same wall-clock (see ``jobs`` in
-    :mod:`latentloop.experiments`)."""
-    threads = max(1, torch.get_num_threads() // jobs)
+    process on :func:`threads_per_job` of the cores (see ``jobs`` in :mod:`latentloop.experiments`)."""
+    threads = threads_per_job(jobs)
     context = multiprocessing.get_context("spawn")  # forking a process that has run torch is unsafe
     with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
         futures = {
@@ -619,6 +622,7 @@ def run_experiment(
         "machine": machine(),
         "budget_minutes_per_model": minutes,
         "jobs": jobs,
+        "threads_per_model": threads_per_job(jobs),
         "overrides": experiment.overrides,
         "eval": vars(experiment.eval),
         "models": rows,
