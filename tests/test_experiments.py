@@ -10,7 +10,7 @@ import yaml
 from latentloop.cli import main
 from latentloop.errors import UsageError
 from latentloop.experiments import available_experiments, load_experiment
-from latentloop.experiments.report import report_markdown
+from latentloop.experiments.report import format_flops, report_markdown
 from latentloop.experiments.runner import run_experiment
 from tests.tiny import TINY_LM, TINY_REASONER, tiny_run
 
@@ -53,6 +53,13 @@ def test_experiment_trains_evaluates_and_reports(tmp_path):
         examples = row["eval"]["examples"]
         assert 1 <= len(examples) <= 4 and all(len(e["answer"]) == 25 for e in examples)
     assert (tmp_path / "out" / "boards.png").stat().st_size > 0 and "boards.png" in report
+    # The table gives each model's training compute: the FLOPs its run counted, as its metrics log says.
+    for name, row in results["models"].items():
+        logged = [json.loads(line) for line in (tmp_path / "out" / name / "metrics.jsonl").open()]
+        flops = max(r["flops"] for r in logged if "flops" in r)
+        assert row["train"]["flops"] == flops > 0
+        assert f"| {name} | {row['train']['parameters']:,} | " in report
+        assert f" / {row['train']['step']} / {format_flops(flops)} |" in report
 
 
 def test_results_name_their_files_relative_to_the_output_folder_and_the_experiment(tmp_path, monkeypatch):

@@ -115,6 +115,7 @@ def summary_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
                 "train_minutes": train["train_minutes"],
                 "batches": train["step"],
                 "examples_seen": train["examples_seen"],
+                "flops": train.get("flops"),  # absent from results written before FLOPs were counted
                 "accuracy_vote": by_select.get("vote"),
                 "accuracy_value": by_select.get("value"),
                 "accuracy_1_sample": report["curve_samples"][0]["vote"],
@@ -343,7 +344,10 @@ def report_markdown(results: dict[str, Any], command: str | None = None) -> str:
     if first.get("metric"):  # ARC: accuracy is pass@2 over the augmented copies of each test input
         details += f"; accuracy is {first['metric']} over {first['copies']} augmented copies"
     lines = _report_heading(results, details, command)
-    header = "| model | parameters | trained (min / batches) | accuracy, 1 sample | accuracy, vote | accuracy, value |"
+    header = (
+        "| model | parameters | trained (min / batches / FLOPs) | accuracy, 1 sample | accuracy, vote | "
+        "accuracy, value |"
+    )
     rule = "|---|---|---|---|---|---|"
     if has_cov:
         header, rule = header + " coverage |", rule + "---|"
@@ -354,8 +358,8 @@ def report_markdown(results: dict[str, Any], command: str | None = None) -> str:
     lines += ["", header, rule]
     for r in rows:
         line = (
-            f"| {r['model']} | {r['parameters']:,} | {r['train_minutes']:.1f} / {r['batches']} | "
-            f"{_pct(r['accuracy_1_sample'])} | {_pct(r['accuracy_vote'])} | {_pct(r['accuracy_value'])} |"
+            f"| {r['model']} | {r['parameters']:,} | {r['train_minutes']:.1f} / {r['batches']} / "
+            f"{format_flops(r['flops'])} | {_pct(r['accuracy_1_sample'])} | {_pct(r['accuracy_vote'])} | {_pct(r['accuracy_value'])} |"
         )
         if has_cov:
             line += f" {_pct(r['coverage'])} |"

@@ -146,7 +146,7 @@ def _train_model(
         config = build_reasoner_config(load_yaml(spec.config), overrides)
         result = train(config, folder, progress=spec.name if progress else False, log=None)
         parameters, arch = result.counts["parameters"], config.arch
-        seen = {"examples_seen": result.counts["examples_seen"]}
+        seen = {"examples_seen": result.counts["examples_seen"], "flops": result.counts["flops"]}
     summary = {
         "model": spec.name,
         "arch": arch,
