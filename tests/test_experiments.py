@@ -87,6 +87,19 @@ def test_results_name_their_files_relative_to_the_output_folder_and_the_experime
         load_experiment(str(path), ["eval.fit_value=1"]), out, progress=False, log=lambda _: None
     )
     assert again["models"] == results["models"]
+    # So do a model's results copied into another folder without its checkpoints, read from elsewhere.
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for name in ("gram", "trm"):
+        (copy / name).mkdir()
+        for file in ("config.yaml", "train.json", "eval.json"):
+            (copy / name / file).write_text((out / name / file).read_text())
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    copied = run_experiment(
+        load_experiment(str(path), ["eval.fit_value=1"]), copy, progress=False, log=lambda _: None
+    )
+    assert copied["models"] == results["models"]
 
 
 def test_a_shipped_experiment_is_named_by_its_path_in_the_package():

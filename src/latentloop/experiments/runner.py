@@ -61,10 +61,7 @@ _PATH_KEYS = ("run", "checkpoint", "image")
 
 
 def _relative_to(base: Path, value: str) -> str:
-    """``value`` (a path, absolute or relative to the working directory) relative to the folder ``base``; one
-    that is relative to ``base`` already (a report read back from its file) is kept."""
-    if not Path(value).is_absolute() and (base / value).exists():
-        return value
+    """``value`` (a path, absolute or relative to the working directory) relative to the folder ``base``."""
     return relative_path(value, base)
 
 
@@ -179,7 +176,7 @@ def _evaluate_lm(spec: ModelSpec, folder: Path, settings: EvalSpec, log: Callabl
     report = _read_json(folder / "eval.json")
     if report is not None and report.get("settings") == wanted:
         log(f"{spec.name}: evaluated already, skipping")
-        return _portable(report, folder.parent)
+        return report  # written by _portable: its paths are relative to the output folder already
     log(f"{spec.name}: evaluating at depths {', '.join(map(str, settings.depths))}")
     if settings.tiers:
         tiers = []
@@ -236,7 +233,7 @@ def _sample_model(spec: ModelSpec, folder: Path, settings: EvalSpec, log: Callab
         and report.get("temperature", 1.0) == settings.temperature
     ):
         log(f"{spec.name}: sampled already, skipping")
-        return _portable(report, folder.parent)
+        return report  # written by _portable: its paths are relative to the output folder already
     log(f"{spec.name}: drawing {settings.samples} unconditional samples")
     # images: MODEL/samples.png
     report = sample_run(folder, settings.samples, None, 0, settings.temperature, 256, None, None)
@@ -267,7 +264,7 @@ def _evaluate_model(
         and report.get("split", "test") == settings.split
     ):
         log(f"{spec.name}: evaluated already, skipping")
-        return _portable(report, folder.parent)
+        return report  # written by _portable: its paths are relative to the output folder already
     value_fit = _fit_value(spec, folder, fit_steps, settings, log, progress) if fit_steps else None
     log(f"{spec.name}: evaluating ({settings.samples} samples, steps 1..{steps or 'model default'})")
     report = evaluate_reasoner(
