@@ -60,22 +60,17 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 _PATH_KEYS = ("run", "checkpoint", "image")
 
 
-def _relative_to(base: Path, value: str) -> str:
-    """``value`` (a path, absolute or relative to the working directory) relative to the folder ``base``."""
-    return relative_path(value, base)
-
-
 def _portable(report: dict[str, Any], base: Path) -> dict[str, Any]:
     """``report`` with the paths of the run's files relative to ``base``, the experiment's output folder."""
     report = dict(report)
     for key in _PATH_KEYS:
         if isinstance(report.get(key), str):
-            report[key] = _relative_to(base, report[key])
+            report[key] = relative_path(report[key], base)
     if isinstance(report.get("written"), list):
-        report["written"] = [_relative_to(base, str(p)) for p in report["written"]]
+        report["written"] = [relative_path(p, base) for p in report["written"]]
     fit = report.get("value_fit")
     if isinstance(fit, dict) and isinstance(fit.get("file"), str):
-        report["value_fit"] = {**fit, "file": _relative_to(base, fit["file"])}
+        report["value_fit"] = {**fit, "file": relative_path(fit["file"], base)}
     return report
 
 
