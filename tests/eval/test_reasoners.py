@@ -7,7 +7,7 @@ import json
 import numpy as np
 import torch
 
-from latentloop.eval.reasoners import evaluate_reasoner, example_answers
+from latentloop.eval.reasoners import evaluate_reasoner, example_answers, markdown_table
 
 
 def test_example_answers_put_solved_puzzles_first_then_the_most_solutions_found():
@@ -80,3 +80,6 @@ def test_a_run_with_a_validation_split_evaluates_there_and_keeps_test_for_the_re
     test = evaluate_reasoner(run, samples=2, steps=1, write=False)
     assert validation["split"] == "validation" and validation["puzzles"] == 3
     assert "split" not in test and test["puzzles"] == dataset.metadata["counts"]["test"]["puzzles"]
+    # eval.md names the split it scored
+    assert "(3 validation puzzles," in markdown_table(validation).splitlines()[0]
+    assert f"({test['puzzles']} test puzzles," in markdown_table(test).splitlines()[0]

@@ -333,7 +333,7 @@ def _solve_puzzle(
 def markdown_table(report: dict[str, Any]) -> str:
     """The headline numbers and the curves as Markdown."""
     lines = [
-        f"# {report.get('model', '?')} on {report['task']} ({report['puzzles']} test puzzles, "
+        f"# {report.get('model', '?')} on {report['task']} ({report['puzzles']} {report.get('split', 'test')} puzzles, "
         f"{report['parameters']:,} parameters)",
         "",
         "| metric | value |",
