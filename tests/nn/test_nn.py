@@ -13,6 +13,7 @@ from latentloop.nn import (
     apply_rope,
     compile_blocks,
 )
+from latentloop.nn.attention import attend
 
 
 def test_rmsnorm_normalises_in_fp32_and_returns_input_dtype():
@@ -152,3 +153,18 @@ def test_compile_blocks_compiles_every_block_and_keeps_outputs_and_weight_names(
     _, want = eager(eager.initial_carry(batch), batch)
     _, got = compiled(compiled.initial_carry(batch), batch)
     torch.testing.assert_close(got.logits, want.logits, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_bf16_attention_on_a_cpu_runs_its_core_in_fp32(causal):
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 9, 8).to(torch.bfloat16) for _ in range(3))
+    in_fp32 = torch.nn.functional.scaled_dot_product_attention(
+        q.float(), k.float(), v.float(), is_causal=causal
+    )
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # autocast alone would run the kernel in bf16
+        out = attend(q, k, v, is_causal=causal)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out, in_fp32.to(torch.bfloat16), atol=0, rtol=0)
+    fp32_inputs = attend(q.float(), k.float(), v.float(), is_causal=causal)
+    assert fp32_inputs.dtype == torch.float32 and torch.equal(fp32_inputs, in_fp32)
