@@ -135,6 +135,7 @@ def test_a_config_file_that_is_not_a_mapping(tmp_path, capsys):
         "train.validation=100000",
         "model.rope_grid=-1",
         "model.rope_grid=1000",  # wider than the task's sequence: no whole rows
+        "model.pos_encoding=absolute",
     ],
 )
 def test_a_bad_curriculum_or_step_weight_is_one_line_and_writes_nothing(tmp_path, capsys, override):
@@ -142,6 +143,12 @@ def test_a_bad_curriculum_or_step_weight_is_one_line_and_writes_nothing(tmp_path
     config.write_text(yaml.safe_dump(REASONER))
     out = tmp_path / "fresh"
     line = _train(capsys, config, out, override)
-    keys = ("train.curriculum", "train.step_weight_decay", "validation", "model.rope_grid")
+    keys = (
+        "train.curriculum",
+        "train.step_weight_decay",
+        "validation",
+        "model.rope_grid",
+        "model.pos_encoding",
+    )
     assert any(key in line for key in keys)
     assert not out.exists()

@@ -197,6 +197,42 @@ def test_a_puzzle_embedding_starts_at_zero_and_is_saved(tmp_path):
     assert loaded.config.puzzles == 3 and torch.equal(loaded.puzzle_embed.weight, model.puzzle_embed.weight)
 
 
+@pytest.mark.parametrize("arch", ["looped", "hrm", "trm", "gram"])
+def test_a_learned_position_embedding_is_what_tells_positions_apart_without_rope(arch, tmp_path):
+    task = get_task("nqueens", n=4)
+    model = build_reasoner(arch, tiny(task, pos_encoding="learned")).eval()
+    inputs = torch.full((1, task.seq_len), 1)  # every cell alike: only a position code separates them
+    batch = {"inputs": inputs}
+    _, rope = model.embed_input(inputs)
+    assert rope is None
+
+    def logits(net) -> torch.Tensor:
+        torch.manual_seed(0)
+        with torch.no_grad():
+            # GRAM at temperature 0 follows the prior's mean: its noise would tell positions apart too
+            options = {"temperature": 0.0} if arch == "gram" else {}
+            return net(net.initial_carry(batch), batch, **options)[1].logits[0]
+
+    out = logits(model)
+    assert not torch.allclose(out[0], out[1], atol=1e-4)
+    model.save_pretrained(tmp_path)
+    torch.testing.assert_close(logits(load_reasoner(tmp_path).eval()), out)
+    with torch.no_grad():
+        model.pos_embed.weight.zero_()
+    flat = logits(model)
+    torch.testing.assert_close(flat[0], flat[1])
+    both = build_reasoner(arch, tiny(task, pos_encoding="rope+learned"))
+    assert both.embed_input(inputs)[1] is not None and both.pos_embed is not None
+
+
+def test_an_unknown_position_encoding_is_refused_and_ar_keeps_rope():
+    task = get_task("nqueens", n=4)
+    with pytest.raises(UsageError, match="pos_encoding"):
+        tiny(task, pos_encoding="absolute")
+    with pytest.raises(UsageError, match="pos_encoding"):
+        build_reasoner("ar", tiny(task, pos_encoding="learned"))
+
+
 def test_capabilities_are_declared_on_every_reasoner():
     shipped = {arch: cls for arch, cls in REASONERS.items() if cls.__module__.startswith("latentloop.")}
     declared = {arch: (cls.stochastic, cls.generative) for arch, cls in shipped.items()}

@@ -78,6 +78,8 @@ class ARReasoner(Reasoner):
         c = config
         if c.mixer != "attention":
             raise UsageError("the ar model needs model.mixer=attention (it decodes with causal attention)")
+        if c.pos_encoding != "rope":  # its answer positions continue the input's rotary positions
+            raise UsageError("the ar model needs model.pos_encoding=rope")
         # Rotations for the concatenation: L input positions, SEP, and L - 1 fed-back output tokens. With
         # model.rope_grid the position predicting output cell i is cell i of a second grid below the input's.
         self.rope = rotary_embedding(c, 2 * c.seq_len)

@@ -38,6 +38,7 @@ from latentloop.nn import BLOCKS, AxialRotaryEmbedding, RMSNorm, RotaryEmbedding
 
 MIXERS = ("attention", "mlp", "mlp-t")
 ROPE_LAYOUTS = ("pairs", "halves")
+POS_ENCODINGS = ("rope", "learned", "rope+learned")
 INITS = ("default", "lecun")
 Carry = dict[str, torch.Tensor]
 # arch -> class of every reasoner defined so far: a subclass with an ``arch`` registers itself (see Reasoner).
@@ -80,6 +81,9 @@ class ReasonerConfig:
     # and columns (nn.rope.AxialRotaryEmbedding) instead of 1-D RoPE over the flat sequence
     rope_grid: int = 0
     rope_layout: str = "pairs"  # which dimensions rotate together: adjacent pairs | halves (HRM/TRM code)
+    # how attention knows positions: rotary tables (rope), a learned embedding per position added to the
+    # input (learned, HRM/TRM's pos_encodings="learned"), or both
+    pos_encoding: str = "rope"
     norm_eps: float = 1e-5
     halting: str = "bce"  # how the Q-head is trained and read: bce | q-learning (see heads.py)
     puzzles: int = 0  # puzzle identifiers with learned embeddings (ARC: one per task and augmentation)
@@ -101,6 +105,10 @@ class ReasonerConfig:
             )
         if self.rope_layout == "halves" and self.rope_grid:
             raise UsageError("model.rope_grid needs model.rope_layout=pairs")
+        if self.pos_encoding not in POS_ENCODINGS:
+            raise UsageError(
+                f"model.pos_encoding must be one of {', '.join(POS_ENCODINGS)}, got {self.pos_encoding!r}"
+            )
         if self.init not in INITS:
             raise UsageError(f"model.init must be one of {', '.join(INITS)}, got {self.init!r}")
         if self.h_layers < 0:
@@ -256,6 +264,10 @@ class Reasoner(PushToHub, nn.Module):
         if self.puzzle_embed is not None:
             nn.init.zeros_(self.puzzle_embed.weight)
         self.rope = rotary_embedding(config, config.positions)
+        self.pos_embed = None
+        if "learned" in config.pos_encoding:
+            self.pos_embed = nn.Embedding(config.positions, config.dim)
+            nn.init.normal_(self.pos_embed.weight, std=1.0 / math.sqrt(config.dim))
         self.lm_head = nn.Linear(config.dim, config.vocab_size, bias=False)
         self.halt_head = HaltHead(config.dim)
         self.value_head = ValueHead(config.dim)
@@ -263,9 +275,11 @@ class Reasoner(PushToHub, nn.Module):
     # -- pieces the models share ----------------------------------------------------------------------------
     def embed_input(
         self, inputs: torch.Tensor, puzzle_ids: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``(e_x, rope)``: the input embedding (scaled to unit RMS like the normalised states), after the
-        puzzle's embedding positions when the model has them, and the rotary tables of its positions."""
+        puzzle's embedding positions when the model has them, and the rotary tables of its positions (None
+        under ``pos_encoding="learned"``). A learned position embedding is added to the input's and the sum
+        scaled by ``1/sqrt(2)``, which keeps it at unit RMS (as HRM's code does)."""
         e_x = self.embed(inputs.long()) * math.sqrt(self.config.dim)
         if self.puzzle_embed is not None:
             if puzzle_ids is None:
@@ -276,6 +290,10 @@ class Reasoner(PushToHub, nn.Module):
             padding = self.config.puzzle_tokens * self.config.dim - prefix.shape[-1]
             prefix = F.pad(prefix, (0, padding)).view(len(inputs), self.config.puzzle_tokens, -1)
             e_x = torch.cat([prefix.to(e_x.dtype) * math.sqrt(self.config.dim), e_x], dim=1)
+        if self.pos_embed is not None:
+            e_x = (e_x + self.pos_embed.weight.to(e_x.dtype) * math.sqrt(self.config.dim)) * math.sqrt(0.5)
+        if self.config.pos_encoding == "learned":
+            return e_x, None
         return e_x, self.rope.tables(torch.arange(e_x.shape[1], device=inputs.device))
 
     def init_state(self, name: str) -> None:
