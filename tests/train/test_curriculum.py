@@ -12,9 +12,12 @@ from safetensors.torch import load_file
 
 from latentloop.errors import UsageError
 from latentloop.models.reasoners import ReasonerOutput
+from latentloop.tasks.base import get_task
+from latentloop.train import distributed as dist
+from latentloop.train import loop
 from latentloop.train.curriculum import CurriculumStage, Depth, depth_at, recursion, step_weights
-from latentloop.train.deep_supervision import TRAIN_WEIGHTS, supervision_loss
-from latentloop.train.loop import train
+from latentloop.train.deep_supervision import TRAIN_WEIGHTS, DeepSupervision, supervision_loss
+from latentloop.train.loop import fitted_steps, train
 from latentloop.train.run_config import build_reasoner_config
 from tests.tiny import TINY_REASONER, tiny_run
 
@@ -157,3 +160,60 @@ def test_bad_curricula_are_one_clear_error(curriculum, message):
 def test_bad_step_weight_decay_is_one_clear_error():
     with pytest.raises(UsageError, match=re.escape("train.step_weight_decay must be in (0, 1]")):
         _config(step_weight_decay=0)
+
+
+class _LinearCost:
+    """An objective whose every step costs 10 FLOPs."""
+
+    flops = 100
+
+    def schedule_flops(self, steps, done_steps, done_flops):
+        return 10.0 * steps
+
+
+def test_the_fitted_schedule_is_the_longest_whose_flops_fill_the_time_left():
+    # 100 FLOPs spent in 10 steps; 5 FLOP/s for 20 s pays for 10 more steps
+    assert fitted_steps(_LinearCost(), 10, 5.0, 20.0, most=1000) == 20
+    assert fitted_steps(_LinearCost(), 10, 5.0, 21.9, most=1000) == 20  # a part of a step does not count
+    assert fitted_steps(_LinearCost(), 10, 5.0, 20.0, most=15) == 15  # train.steps stays the most
+    assert fitted_steps(_LinearCost(), 10, 5.0, -3.0, most=1000) == 10  # never fewer than the steps done
+
+
+def test_a_curriculum_schedule_counts_each_stage_at_its_depth(tmp_path):
+    config = build_reasoner_config(
+        tiny_run(TINY_REASONER, model={"n_sup": 3}, train={"curriculum": [{"until": 0.5, "n_sup": 1}]})
+    )
+    trained = train(config, tmp_path / "run", stop_at=1)
+    assert trained.counts["flops"] > 0
+    objective = DeepSupervision(config, get_task("nqueens", n=5), tmp_path / "run", dist.DistContext(), "cpu")
+    objective.setup()
+    objective.build(None)
+    per_update = objective.update_flops(Depth(3, 2, 2))
+    # 10 batches: 5 of one supervision step, then 5 of the model's three
+    assert objective.schedule_flops(10, 0, 0) == (5 * 1 + 5 * 3) * per_update
+    # 7 batches: steps 0-3 come before half of the schedule (3.5)
+    assert objective.schedule_flops(7, 0, 0) == (4 * 1 + 3 * 3) * per_update
+    assert per_update == trained.counts["flops"]  # the first batch ran one update
+
+
+def test_a_fitted_schedule_is_kept_in_checkpoints_and_by_a_resumed_run(tmp_path, monkeypatch):
+    monkeypatch.setattr(loop, "FIT_SHARE", 0.0)  # time steps 10 to 15 whatever train.steps is
+    monkeypatch.setattr(loop, "FIT_MIN_STEPS", 5)
+    run = tiny_run(TINY_REASONER, train={"steps": 10**8, "budget_minutes": 1.0, "fit_steps": True})
+    config = build_reasoner_config(run)
+    first = train(config, tmp_path / "run", stop_at=20)
+    fitted = config.train.steps
+    assert 20 < fitted < 10**8  # a minute of steps of a few milliseconds each
+    state = json.loads((first.checkpoint / "trainer_state.json").read_text())
+    assert state["fitted_steps"] == fitted
+    again = build_reasoner_config(run)
+    resumed = train(again, tmp_path / "run", stop_at=22)
+    assert again.train.steps == fitted  # the schedule the run fitted, not train.steps once more
+    assert resumed.step == 22
+    state = json.loads((resumed.checkpoint / "trainer_state.json").read_text())
+    assert state["fitted_steps"] == fitted
+
+
+def test_fitting_the_steps_needs_a_budget():
+    with pytest.raises(UsageError, match=r"fit_steps needs train\.budget_minutes"):
+        build_reasoner_config(tiny_run(TINY_REASONER, train={"fit_steps": True}))

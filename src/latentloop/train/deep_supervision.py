@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -192,6 +193,19 @@ class DeepSupervision(Objective):
                     next_step_continue_target(self.ema, carry, batch, labels, False)
             self._update_flops[key] = count.training_flops * self.tc.batch_size
         return self._update_flops[key]
+
+    def schedule_flops(self, steps: int, done_steps: int, done_flops: int) -> float:
+        """The FLOPs of ``steps`` batches under ``train.curriculum`` stretched to them: each batch's ``n_sup``
+        supervision steps at its depth's count (:meth:`update_flops`)."""
+        total, start = 0.0, 0
+        for stage in self.tc.curriculum:  # depth_at: step s runs at the first stage with s < until * steps
+            end = min(math.ceil(stage.until * steps), steps)
+            depth = depth_at(start, steps, self.tc.curriculum, self.final_depth) if end > start else None
+            if depth is not None:
+                total += (end - start) * depth.n_sup * self.update_flops(depth)
+            start = max(start, end)
+        final = self.final_depth
+        return total + (steps - start) * final.n_sup * self.update_flops(final)
 
     def train_record(self, seen: int, rate: float, lr: float) -> tuple[dict[str, Any], str]:
         window, n_total = self.window, self.window.pop("n")

@@ -66,6 +66,30 @@ class TrainResult:
     last_eval: dict[str, Any] | None = None
 
 
+# train.fit_steps: steps left out of the timing (the compiler's first calls), the fewest steps timed and the
+# share of the schedule timed when that is more, and the share of the budget the fitted schedule fills (the
+# rest absorbs the machine's changes of speed and the final checkpoint).
+FIT_SKIP, FIT_MIN_STEPS, FIT_SHARE, FIT_FILL = 10, 20, 0.01, 0.97
+
+
+def fitted_steps(objective: Objective, step: int, flops_per_s: float, seconds_left: float, most: int) -> int:
+    """The longest schedule, of at most ``most`` steps, whose FLOPs after the ``step`` steps done take at most
+    ``seconds_left`` at ``flops_per_s``; never fewer than the steps done. The cost of a schedule comes from
+    :meth:`Objective.schedule_flops`, so a curriculum's deeper steps count for what they cost."""
+    spent = objective.flops
+
+    def fits(steps: int) -> bool:
+        return objective.schedule_flops(steps, step, spent) - spent <= flops_per_s * seconds_left
+
+    if fits(most):
+        return most
+    low, high = step, most  # fits(high) is false; low is the steps done, the least a schedule can be
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    return low
+
+
 @dist.leaves_group
 def train(
     config: Any,
@@ -117,6 +141,8 @@ def train(
         start_step, seen = state["step"], int(state.get(objective.seen, 0))
         objective.flops = int(state.get("flops", 0))
         started -= float(state.get("train_seconds", 0.0))  # the budget covers the whole run
+        if "fitted_steps" in state:  # the schedule this run fitted to its budget when it started
+            tc.steps = int(state["fitted_steps"])
         restore_training_rng(state, torch_rng, ctx.rank, ctx.world_size)
         objective.resume(checkpoint, log)
         if log:
@@ -137,6 +163,13 @@ def train(
     metrics = MetricsLog(out, start_step, tc.tensorboard, enabled=ctx.is_main)
     end_step = tc.steps if stop_at is None else min(tc.steps, stop_at)
     budget_s = tc.budget_minutes * 60 if tc.budget_minutes else math.inf
+    # train.fit_steps: steps [fit_from, fit_to) of this call are timed (the first FIT_SKIP compile), then the
+    # schedule is fitted to what is left of the budget.
+    fitting = tc.fit_steps and not (state or {}).get("fitted_steps")
+    fit_from = start_step + FIT_SKIP
+    fit_to = fit_from + max(FIT_MIN_STEPS, math.ceil(FIT_SHARE * tc.steps))
+    fit_start: tuple[float, int] = (0.0, 0)
+    fitted: int | None = int(state["fitted_steps"]) if state and state.get("fitted_steps") else None
     losses: list[float] = []
     last_eval: dict[str, Any] | None = None
     last_saved, saved_step = checkpoint, (start_step if checkpoint is not None else -1)
@@ -158,6 +191,7 @@ def train(
                 "precision": precision,
                 "seed": tc.seed,
                 "world_size": ctx.world_size,
+                **({"fitted_steps": fitted} if fitted else {}),
                 **objective.checkpoint_state(),
             }
             path = save_checkpoint(
@@ -190,6 +224,17 @@ def train(
                     ) from None
                 step += 1
                 seen += consumed
+                if fitting and step == fit_from:
+                    fit_start = time.perf_counter(), objective.flops
+                elif fitting and step == fit_to:
+                    rate = (objective.flops - fit_start[1]) / max(time.perf_counter() - fit_start[0], 1e-9)
+                    left = FIT_FILL * budget_s - (time.perf_counter() - started)
+                    fitted = dist.broadcast_object(fitted_steps(objective, step, rate, left, tc.steps), ctx)
+                    fitting, tc.steps = False, fitted
+                    end_step = tc.steps if stop_at is None else min(tc.steps, stop_at)
+                    bar.set_total(tc.steps)
+                    if log:
+                        log(f"schedule fitted to the budget: {tc.steps} steps ({rate:.3g} FLOP/s)")
                 losses.extend(step_losses)
                 window_seen += consumed
                 window_time += time.perf_counter() - tick

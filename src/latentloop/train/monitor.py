@@ -102,6 +102,12 @@ class ProgressBar:
                 phase, total=total, completed=completed, loss=float("nan"), accuracy="", rate=0.0, left=""
             )
 
+    def set_total(self, total: int) -> None:
+        """A new number of steps (the schedule was fitted to the time budget)."""
+        self.total = total
+        if self.progress is not None:
+            self.progress.update(self.task, total=total)
+
     def __enter__(self) -> ProgressBar:
         if self.progress is not None:
             self.progress.start()

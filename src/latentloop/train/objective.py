@@ -130,6 +130,11 @@ class Objective(ABC):
         """Entries the objective adds to ``trainer_state.json``."""
         return {}
 
+    def schedule_flops(self, steps: int, done_steps: int, done_flops: int) -> float:
+        """Training FLOPs of a whole schedule of ``steps`` steps, given ``done_flops`` spent on the first
+        ``done_steps``: by default every step costs what the steps so far cost on average."""
+        return done_flops / max(done_steps, 1) * steps
+
     def counts(self, seen: int) -> dict[str, int]:
         """The totals a training result reports."""
         return {self.seen: seen}

@@ -45,6 +45,10 @@ class TrainConfig:
     batch_size: int = 64
     steps: int = 1000
     budget_minutes: float | None = None
+    # With budget_minutes: time the first steps, then shorten train.steps to the schedule that fills the
+    # budget at that speed (see latentloop.train.loop.fitted_steps), so the cosine and the curriculum end
+    # with the budget on any machine. train.steps is then the most the run may take.
+    fit_steps: bool = False
     seed: int = 0
     precision: str = "auto"
     # Compile every transformer block with torch.compile (fuses the elementwise work; costs a compile first).
@@ -82,6 +86,8 @@ class TrainConfig:
             raise UsageError(f"train.lr must be positive, got {self.lr}")
         if self.budget_minutes is not None and not self.budget_minutes > 0:
             raise UsageError(f"train.budget_minutes must be positive, got {self.budget_minutes}")
+        if self.fit_steps and self.budget_minutes is None:
+            raise UsageError("train.fit_steps needs train.budget_minutes (the time to fit the steps into)")
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
             raise UsageError(f"train.betas must be two numbers in [0, 1), got {self.betas}")
         if self.grad_clip < 0 or self.weight_decay < 0:
