@@ -200,8 +200,8 @@ class DeepSupervision(Objective):
         total, start = 0.0, 0
         for stage in self.tc.curriculum:  # depth_at: step s runs at the first stage with s < until * steps
             end = min(math.ceil(stage.until * steps), steps)
-            depth = depth_at(start, steps, self.tc.curriculum, self.final_depth) if end > start else None
-            if depth is not None:
+            if end > start:
+                depth = depth_at(start, steps, self.tc.curriculum, self.final_depth)
                 total += (end - start) * depth.n_sup * self.update_flops(depth)
             start = max(start, end)
         final = self.final_depth

@@ -136,13 +136,14 @@ def train(
     checkpoint = Path(found) if found else None
     optimizer = build_optimizer(objective.build(checkpoint), tc.lr, tc.betas, tc.weight_decay, tc.eps)
     start_step, seen, state = 0, 0, None
+    fitted: int | None = None  # train.fit_steps: the steps fitted to the budget, once they are
     if checkpoint is not None:
         state, torch_rng = load_training_state(checkpoint, optimizer)
         start_step, seen = state["step"], int(state.get(objective.seen, 0))
         objective.flops = int(state.get("flops", 0))
         started -= float(state.get("train_seconds", 0.0))  # the budget covers the whole run
-        if "fitted_steps" in state:  # the schedule this run fitted to its budget when it started
-            tc.steps = int(state["fitted_steps"])
+        if state.get("fitted_steps"):  # the schedule this run fitted to its budget when it started
+            fitted = tc.steps = int(state["fitted_steps"])
         restore_training_rng(state, torch_rng, ctx.rank, ctx.world_size)
         objective.resume(checkpoint, log)
         if log:
@@ -165,11 +166,10 @@ def train(
     budget_s = tc.budget_minutes * 60 if tc.budget_minutes else math.inf
     # train.fit_steps: steps [fit_from, fit_to) of this call are timed (the first FIT_SKIP compile), then the
     # schedule is fitted to what is left of the budget.
-    fitting = tc.fit_steps and not (state or {}).get("fitted_steps")
+    fitting = tc.fit_steps and fitted is None
     fit_from = start_step + FIT_SKIP
     fit_to = fit_from + max(FIT_MIN_STEPS, math.ceil(FIT_SHARE * tc.steps))
     fit_start: tuple[float, int] = (0.0, 0)
-    fitted: int | None = int(state["fitted_steps"]) if state and state.get("fitted_steps") else None
     losses: list[float] = []
     last_eval: dict[str, Any] | None = None
     last_saved, saved_step = checkpoint, (start_step if checkpoint is not None else -1)
