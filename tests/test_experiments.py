@@ -8,10 +8,12 @@ import pytest
 import yaml
 
 from latentloop.cli import main
+from latentloop.config import load_yaml
 from latentloop.errors import UsageError
 from latentloop.experiments import available_experiments, load_experiment
 from latentloop.experiments.report import format_flops, report_markdown
-from latentloop.experiments.runner import run_experiment
+from latentloop.experiments.runner import _check_run_configs, run_experiment
+from latentloop.train.run_config import build_reasoner_config
 from tests.tiny import TINY_LM, TINY_REASONER, tiny_run
 
 TINY_MODEL = TINY_REASONER["model"]
@@ -193,6 +195,15 @@ def test_shipped_experiments_load():
     for name in names:
         experiment = load_experiment(name)
         assert experiment.models and experiment.expected_minutes
+        _check_run_configs(experiment, experiment.budget_minutes)  # every model's config builds as it trains
+
+
+def test_a_schedule_fitted_to_the_budget_passes_the_check_before_training():
+    experiment = load_experiment("default")
+    assert all("train.fit_steps=true" in spec.overrides for spec in experiment.models)
+    _check_run_configs(experiment, 21.0)  # train.fit_steps is valid once the experiment's budget is set
+    with pytest.raises(UsageError, match=r"fit_steps needs train\.budget_minutes"):
+        build_reasoner_config(load_yaml(experiment.models[0].config), experiment.models[0].overrides)
 
 
 @pytest.mark.parametrize(

@@ -96,12 +96,12 @@ def _trained_specs(experiment: Experiment) -> list[ModelSpec]:
     return [ModelSpec(spec.name, spec.config, [*spec.overrides, *extra]) for spec in experiment.models]
 
 
-def _check_run_configs(experiment: Experiment) -> None:
-    """Build every model's run config with its overrides, so that a bad key or value stops the experiment
-    before any model trains."""
+def _check_run_configs(experiment: Experiment, minutes: float) -> None:
+    """Build every model's run config with its overrides and the budget it trains under (as
+    :func:`_train_model` does), so that a bad key or value stops the experiment before any model trains."""
     build = build_run_config if experiment.kind == "lm" else build_reasoner_config
     for spec in _trained_specs(experiment):
-        build(load_yaml(spec.config), spec.overrides)
+        build(load_yaml(spec.config), [*spec.overrides, f"train.budget_minutes={minutes}"])
 
 
 def _train_model(
@@ -588,11 +588,11 @@ def run_experiment(
     and the gain of each row over the row before it (:func:`ablation_gains`).
     """
     out = Path(out)
-    _check_run_configs(experiment)
     if budget_minutes is not None:
         per_model = positive_number(budget_minutes, "--budget-minutes") / len(experiment.models)
     else:
         per_model = experiment.budget_minutes
+    _check_run_configs(experiment, round(per_model, 4))
     _check_writable(out)
     jobs = min(experiment.jobs, len(experiment.models))
     started = datetime.datetime.now(datetime.timezone.utc)
