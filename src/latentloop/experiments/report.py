@@ -532,11 +532,16 @@ def plot_results(results: dict[str, Any], path: Path) -> None:
             label=name, markersize=3,
         )  # fmt: skip
         ks = [p["samples"] for p in report["curve_samples"]]
-        axes[1].plot(ks, [p["value"] for p in report["curve_samples"]], "o-", label=name, markersize=3)
+        (vote,) = axes[1].plot(
+            ks, [p["vote"] for p in report["curve_samples"]], "o-", label=name, markersize=3
+        )
+        axes[1].plot(
+            ks, [p["value"] for p in report["curve_samples"]], ":", color=vote.get_color(), alpha=0.7
+        )
         if has_cov and "coverage" in report:
             axes[2].plot(ks, [p["coverage"] for p in report["curve_samples"]], "o-", label=name, markersize=3)
     axes[0].set(xlabel="supervision steps", ylabel="accuracy (vote)", title="depth")
-    axes[1].set(xlabel="samples", ylabel="accuracy (value head)", title="width")
+    axes[1].set(xlabel="samples", ylabel="accuracy: vote (dotted: value head)", title="width")
     if has_cov:
         axes[2].set(xlabel="samples", ylabel="coverage", title="distinct solutions found")
     for ax in axes:
