@@ -38,6 +38,19 @@ def test_the_fixtures_cover_attention_mlp_t_and_hrm() -> None:
     assert [p.stem for p in FIXTURES] == ["hrm", "trm-attention", "trm-mlp_t"]
 
 
+def official_records(
+    tensors: dict[str, torch.Tensor], kind: str, steps: int
+) -> list[dict[str, torch.Tensor]]:
+    """The official run's outputs after each step, under the names of :func:`act_rollout`'s records."""
+    records = []
+    for step in range(steps):
+        expected = {k.split(".", 1)[1]: v for k, v in tensors.items() if k.startswith(f"step{step}.")}
+        for official, mine in CARRY[kind].items():
+            expected[f"carry.{mine}"] = expected.pop(f"carry.{official}")
+        records.append(expected)
+    return records
+
+
 @pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.stem)
 def test_converted_models_match_the_official_code_at_every_supervision_step(path: Path) -> None:
     meta, tensors = read_fixture(path)
@@ -45,20 +58,29 @@ def test_converted_models_match_the_official_code_at_every_supervision_step(path
     model = official_reasoner(kind, official_weights(tensors), arch, seq_len=int(meta["seq_len"]))
     batch = {"inputs": tensors["batch.inputs"], "puzzle_ids": tensors["batch.puzzle_ids"]}
     labels = tensors["batch.labels"]
+    expected = official_records(tensors, kind, arch["halt_max_steps"])
     with torch.no_grad():
-        records = act_rollout(model, batch, labels, arch["halt_max_steps"])
-    halted_early = 0
-    for step, record in enumerate(records):
-        expected = {k.split(".", 1)[1]: v for k, v in tensors.items() if k.startswith(f"step{step}.")}
-        for name in ("logits", "q_halt", "q_continue", "loss"):
-            torch.testing.assert_close(record[name], expected[name], atol=1e-5, rtol=0, msg=f"{name} {step}")
-        for official, mine in CARRY[kind].items():
-            torch.testing.assert_close(
-                record[f"carry.{mine}"], expected[f"carry.{official}"], atol=1e-5, rtol=0
-            )
-        assert torch.equal(record["halted"], expected["halted"]), f"halting differs at step {step}"
-        halted_early += int(expected["halted"].sum()) if step < len(records) - 1 else 0
+        records = act_rollout(model, batch, labels, len(expected), reference=expected)
+    names = ("logits", "q_halt", "q_continue", "loss", *(f"carry.{mine}" for mine in CARRY[kind].values()))
+    # One ACT step runs the core 8 times (2 H cycles of 3 L steps and one H) on values of size ~3: kernels
+    # that round differently part them by up to 3e-5 within it; a wrong equation moves them by ~1.
+    for step, (record, official) in enumerate(zip(records, expected, strict=True)):
+        for name in names:
+            torch.testing.assert_close(record[name], official[name], atol=1e-4, rtol=0, msg=f"{name} {step}")
+        assert torch.equal(record["halted"], official["halted"]), f"halting differs at step {step}"
+    halted_early = sum(int(official["halted"].sum()) for official in expected[:-1])
     assert halted_early > 0  # the fixture exercises halting and the restart of halted samples
+
+    # Left to itself, the rollout follows the official one while rounding is still small: its first two steps.
+    with torch.no_grad():
+        free = act_rollout(model, batch, labels, 2)
+    for step, (record, official) in enumerate(zip(free, expected, strict=False)):
+        torch.testing.assert_close(
+            record["logits"], official["logits"], atol=1e-3, rtol=0, msg=f"free {step}"
+        )
+        assert torch.equal(record["halted"], official["halted"]), (
+            f"free rollout: halting differs at step {step}"
+        )
 
 
 def test_a_saved_file_with_the_compiled_prefix_loads_the_same_model(tmp_path: Path) -> None:
