@@ -145,6 +145,32 @@ def test_budget_is_split_between_models(tmp_path):
     assert results["models"]["trm"]["train"]["budget_minutes"] == 1.5
 
 
+def test_a_worker_is_sent_sigterm_once_the_run_that_started_it_is_killed(tmp_path):
+    """The worker's parent exits at once (as a killed ``latentloop run`` would); the adopted worker gets the
+    SIGTERM its training turns into a checkpoint and a stop."""
+    import subprocess
+    import sys
+    import time
+
+    stopped = tmp_path / "stopped"
+    worker = (
+        "import signal, sys, time\n"
+        "from latentloop.experiments.runner import stop_when_orphaned\n"
+        f"signal.signal(signal.SIGTERM, lambda *_: (open({str(stopped)!r}, 'w').close(), sys.exit(0)))\n"
+        "stop_when_orphaned(int(sys.argv[1]), poll_s=0.05)\n"
+        "time.sleep(120)\n"
+    )
+    parent = (
+        f"import os, subprocess, sys; subprocess.Popen([sys.executable, '-c', {worker!r}, str(os.getpid())])"
+    )
+    subprocess.run([sys.executable, "-c", parent], check=True)
+    for _ in range(1200):  # the worker imports torch first
+        if stopped.exists():
+            break
+        time.sleep(0.1)
+    assert stopped.exists()
+
+
 def test_models_trained_side_by_side_train_as_they_do_one_at_a_time_on_as_many_threads(tmp_path, monkeypatch):
     import torch
 

@@ -20,9 +20,13 @@ import json
 import multiprocessing
 import os
 import platform
+import signal
 import sys
+import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
@@ -545,11 +549,32 @@ def _log_to_stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def _model_row_in_worker(threads: int, *args: Any) -> dict[str, Any]:
+def stop_when_orphaned(parent: int, poll_s: float = 1.0) -> threading.Thread:
+    """Send this process SIGTERM once its parent is no longer ``parent`` (it died and the process was
+    adopted), checked every ``poll_s`` seconds: a worker whose ``latentloop run`` was killed then checkpoints
+    and stops, rather than train on unseen, or beside its restarted successor into the same folder."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    thread = threading.Thread(target=watch, name="stop-when-orphaned", daemon=True)
+    thread.start()
+    return thread
+
+
+def _model_row_in_worker(threads: int, parent: int, *args: Any) -> dict[str, Any]:
     """:func:`_model_row` in a worker process of its own, on ``threads`` of the machine's cores; it logs to
-    standard error and shows no progress bar (several would overwrite each other)."""
+    standard error and shows no progress bar (several would overwrite each other). Interrupted (Ctrl-C, or
+    SIGTERM from its parent's death or the pool's shutdown), it exits once training has checkpointed instead
+    of taking the next model from the pool's queue."""
     torch.set_num_threads(threads)
-    return _model_row(*args, False, _log_to_stderr)
+    stop_when_orphaned(parent)
+    try:
+        return _model_row(*args, False, _log_to_stderr)
+    except KeyboardInterrupt:
+        os._exit(130)
 
 
 def threads_per_job(jobs: int) -> int:
@@ -564,12 +589,19 @@ def _model_rows_side_by_side(
     process on :func:`threads_per_job` of the cores (see ``jobs`` in :mod:`latentloop.experiments`)."""
     threads = threads_per_job(jobs)
     context = multiprocessing.get_context("spawn")  # forking a process that has run torch is unsafe
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
-        futures = {
-            spec.name: pool.submit(_model_row_in_worker, threads, experiment, index, spec, out, minutes)
-            for index, spec in enumerate(specs)
-        }
-        return {name: future.result() for name, future in futures.items()}
+    parent = os.getpid()
+    try:
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+            futures = {
+                spec.name: pool.submit(
+                    _model_row_in_worker, threads, parent, experiment, index, spec, out, minutes
+                )
+                for index, spec in enumerate(specs)
+            }
+            return {name: future.result() for name, future in futures.items()}
+    except BrokenProcessPool:  # the pool has stopped the other workers, which checkpoint as they go
+        _log_to_stderr("a worker process stopped (interrupted, killed or out of memory); run again to resume")
+        raise KeyboardInterrupt from None
 
 
 def run_experiment(
