@@ -552,7 +552,7 @@ def _log_to_stderr(line: str) -> None:
 def stop_when_orphaned(parent: int, poll_s: float = 1.0) -> threading.Thread:
     """Send this process SIGTERM once its parent is no longer ``parent`` (it died and the process was
     adopted), checked every ``poll_s`` seconds: a worker whose ``latentloop run`` was killed then checkpoints
-    and stops, rather than train on unseen, or beside its restarted successor into the same folder."""
+    and stops, rather than train on with no one to report to, or beside a restarted run in the same folder."""
 
     def watch() -> None:
         while os.getppid() == parent:
