@@ -138,3 +138,19 @@ def test_prefix_labels_name_the_product_so_far_at_every_letter_and_only_in_train
 def test_prefix_labels_must_be_a_boolean():
     with pytest.raises(UsageError, match="prefix_labels"):
         get_task("permutations", prefix_labels="maybe")
+
+
+def test_label_work_counts_the_letters_each_label_composes():
+    task = get_task("permutations", length="1-5", prefix_labels=True)
+    # "bdf=" then its answer "d": letters 1, 2, 3, the answer at "=" composes all 3, the answer read back
+    # (labelled <eos>) composes none, and so does padding.
+    inputs, labels = task.collate([Word((1, 3, 5)), Word((4,))])
+    work = task.label_work(inputs)
+    assert task.decode(inputs[0]) == "bdf=d"
+    assert work.tolist() == [[1, 2, 3, 3, 0, 0, 0], [1, 1, 0, 0, 0, 0, 0]]
+    assert work.shape == labels.shape
+
+
+def test_tasks_without_label_work_say_so():
+    with pytest.raises(UsageError, match="work of its labels"):
+        get_task("arithmetic").label_work(np.zeros((1, 4), dtype=np.int64))

@@ -162,6 +162,11 @@ def test_bad_step_weight_decay_is_one_clear_error():
         _config(step_weight_decay=0)
 
 
+def test_labels_within_depth_are_refused_for_the_reasoners():
+    with pytest.raises(UsageError, match="work_per_iteration is for the recurrent-depth LM"):
+        _config(work_per_iteration=1.0)
+
+
 class _LinearCost:
     """An objective whose every step costs 10 FLOPs."""
 

@@ -16,6 +16,7 @@ from torch._dynamo.utils import counters
 from latentloop.errors import UsageError
 from latentloop.models.recurrent_depth import RecurrentDepthLM
 from latentloop.nn import Block
+from latentloop.tasks import get_task
 from latentloop.train import precision as precision_module
 from latentloop.train.checkpoint import latest_checkpoint, list_checkpoints
 from latentloop.train.loop import train
@@ -118,6 +119,44 @@ def test_each_step_uses_the_sampled_depth(tiny_config, tmp_path, monkeypatch):
     assert seen == [sampler(step) for step in range(6)]
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["depth"] for r in records if r["kind"] == "train"] == [sum(sampler(s)) for s in range(6)]
+
+
+def test_labels_beyond_the_sampled_depth_are_not_scored(tiny_data, tmp_path, monkeypatch):
+    seen = []
+    original = RecurrentDepthLM.forward
+
+    def spy(self, input_ids, num_steps=None, labels=None, **kwargs):
+        if torch.is_grad_enabled() and self.training:
+            seen.append((sum(num_steps), labels.clone()))
+        return original(self, input_ids, num_steps=num_steps, labels=labels, **kwargs)
+
+    monkeypatch.setattr(RecurrentDepthLM, "forward", spy)
+    tiny_data["task"] = {"name": "permutations", "length": "1-12", "prefix_labels": True, "test_size": 32}
+    config = build_run_config(tiny_data, ["train.work_per_iteration=1.5"])
+    train(config, tmp_path)
+    task = get_task("permutations", length="1-12", prefix_labels=True)
+    dropped = 0
+    for step, (depth, labels) in enumerate(seen):
+        inputs, full = task.train_batch(step, config.train.batch_size, config.train.seed)
+        reach = task.label_work(inputs) <= 1.5 * depth
+        assert depth == sum(sampler_for(config.model, config.train.seed)(step))
+        assert torch.equal(labels, torch.where(reach, full, torch.full_like(full, -100)))
+        dropped += int(((full != -100) & ~reach).sum())
+    assert dropped > 0  # the words of up to 12 letters outgrow depths of about 3
+
+
+@pytest.mark.parametrize(
+    ("task", "overrides", "message"),
+    [
+        ("permutations", ["train.work_per_iteration=0"], "must be positive"),
+        ("permutations", ["train.work_per_iteration=-1"], "must be positive"),
+        ("arithmetic", ["train.work_per_iteration=1"], "does not count the work"),
+    ],
+)
+def test_bad_work_per_iteration_is_a_usage_error(tiny_data, tmp_path, task, overrides, message):
+    tiny_data["task"] = {"name": task}
+    with pytest.raises(UsageError, match=message):
+        train(build_run_config(tiny_data, overrides), tmp_path)
 
 
 def test_loss_falls_on_arithmetic(tiny_config, tmp_path):

@@ -17,6 +17,8 @@ import numpy as np
 from latentloop.errors import UsageError
 
 if TYPE_CHECKING:
+    import torch
+
     from latentloop.data.official import OfficialDataset
 
 
@@ -59,6 +61,8 @@ class Task(ABC):
     drawable: bool = False
     #: :meth:`train_batch` and :meth:`heldout_batches` feed the recurrent-depth language model.
     trains_language_model: bool = False
+    #: :meth:`label_work` counts the sequential steps each training label needs (``train.work_per_iteration``).
+    counts_label_work: bool = False
     #: What the language model's held-out evaluation reports ("exact_match" or "perplexity"); None for the
     #: tasks that train no language model.
     metric: str | None = None
@@ -177,6 +181,12 @@ class Task(ABC):
         """The held-out split as ``(input_ids, labels, problems)`` batches, at most ``limit`` problems
         (``trains_language_model``)."""
         raise UsageError(f"task {self.name!r} cannot train a language model")
+
+    def label_work(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """For a training batch's ``input_ids`` [B, T], the number of sequential steps (the task's own unit,
+        such as letters composed) that the label at each position needs, as an int tensor [B, T]
+        (``counts_label_work``)."""
+        raise UsageError(f"task {self.name!r} does not count the work of its labels")
 
 
 # name -> "module:Class"; modules are imported on first use so the command line starts fast.

@@ -87,6 +87,7 @@ class PermutationsTask(GeneratedProblemTask):
     """
 
     name = "permutations"
+    counts_label_work = True
 
     def __init__(
         self,
@@ -134,6 +135,19 @@ class PermutationsTask(GeneratedProblemTask):
                 products = "".join(LETTERS[v] for v in problem.prefix_products())
                 labels[row, : len(products)] = torch.tensor(self.tokenizer.encode(products))
         return inputs, labels
+
+    def label_work(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Letters composed by each position's label: ``i`` for the position of the ``i``-th letter (labelled
+        with the product of letters ``1..i`` under ``prefix_labels``), the word's length at ``=`` (the
+        answer), 0 after it (the end marker) and at padding."""
+        letters = torch.zeros_like(input_ids, dtype=torch.bool)
+        for token in self.tokenizer.encode(LETTERS):
+            letters |= input_ids == token
+        equals = input_ids == self.tokenizer.encode("=")[0]
+        # A letter after "=" is the answer read back, not part of the word.
+        in_word = letters & (torch.cumsum(equals.long(), dim=1) == 0)
+        work = torch.cumsum(in_word.long(), dim=1)
+        return torch.where(in_word | equals, work, torch.zeros_like(work))
 
     # Text forms -----------------------------------------------------------------------------------------------
     def prompt(self, problem: Word) -> str:

@@ -48,6 +48,10 @@ class LanguageModelObjective(Objective):
         super().__init__(config, task, out, ctx, device)
         if not task.trains_language_model:
             raise UsageError(f"task {task.name!r} cannot train a language model")
+        if self.tc.work_per_iteration is not None and not task.counts_label_work:
+            raise UsageError(
+                f"train.work_per_iteration: task {task.name!r} does not count the work of its labels"
+            )
         _check_fit(config.model, task)
         self.sharded = ctx.enabled and self.tc.parallel == "fsdp"
         self.sampler = sampler_for(config.model, self.tc.seed)
@@ -88,12 +92,15 @@ class LanguageModelObjective(Objective):
         tc, ctx = self.tc, self.ctx
         updates.begin(step)
         batch_inputs, batch_labels = self.task.train_batch(step, tc.batch_size, tc.seed)
+        no_grad, with_grad = self.sampler(step)
+        if tc.work_per_iteration is not None:
+            beyond = self.task.label_work(batch_inputs) > tc.work_per_iteration * (no_grad + with_grad)
+            batch_labels = batch_labels.masked_fill(beyond, IGNORE_LABEL)
         init_state = _initial_state(self.model, batch_inputs.shape, tc.init_scale, self.device)
         inputs = dist.shard(batch_inputs, ctx).to(self.device)
         labels = dist.shard(batch_labels, ctx).to(self.device)
         if init_state is not None:
             init_state = dist.shard(init_state, ctx)
-        no_grad, with_grad = self.sampler(step)
         with self.autocast():
             output = self.forward(
                 inputs,

@@ -55,6 +55,10 @@ class TrainConfig:
     compile: bool = False
     device: str = "auto"
     init_scale: float = 1.0
+    # Labels within reach (the recurrent-depth LM, a task that counts_label_work): a label whose work exceeds
+    # work_per_iteration x the step's sampled depth is not scored that step, so no step asks for more than
+    # its depth can carry out; held-out evaluation is unchanged. None: every label is scored.
+    work_per_iteration: float | None = None
     log_every: int = 10
     eval_every: int = 250
     eval_size: int = 256
@@ -88,6 +92,8 @@ class TrainConfig:
             raise UsageError(f"train.budget_minutes must be positive, got {self.budget_minutes}")
         if self.fit_steps and self.budget_minutes is None:
             raise UsageError("train.fit_steps needs train.budget_minutes (the time to fit the steps into)")
+        if self.work_per_iteration is not None and not self.work_per_iteration > 0:
+            raise UsageError(f"train.work_per_iteration must be positive, got {self.work_per_iteration}")
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
             raise UsageError(f"train.betas must be two numbers in [0, 1), got {self.betas}")
         if self.grad_clip < 0 or self.weight_decay < 0:
@@ -141,6 +147,8 @@ class ReasonerTrainConfig(TrainConfig):
             raise UsageError(
                 f"train.parallel={self.parallel} is for the recurrent-depth LM; reasoners train with ddp"
             )
+        if self.work_per_iteration is not None:
+            raise UsageError("train.work_per_iteration is for the recurrent-depth LM, not the reasoners")
 
 
 @dataclass
