@@ -2,6 +2,7 @@ import itertools
 
 import numpy as np
 import pytest
+import torch
 
 from latentloop.errors import UsageError
 from latentloop.tasks import get_task
@@ -153,4 +154,4 @@ def test_label_work_counts_the_letters_each_label_composes():
 
 def test_tasks_without_label_work_say_so():
     with pytest.raises(UsageError, match="work of its labels"):
-        get_task("arithmetic").label_work(np.zeros((1, 4), dtype=np.int64))
+        get_task("arithmetic").label_work(torch.zeros(1, 4, dtype=torch.long))
