@@ -140,7 +140,7 @@ class PermutationsTask(GeneratedProblemTask):
         """Letters composed by each position's label: ``i`` for the position of the ``i``-th letter (labelled
         with the product of letters ``1..i`` under ``prefix_labels``), the word's length at ``=`` (the
         answer), 0 after it (the end marker) and at padding."""
-        letters = torch.isin(input_ids, torch.tensor(self.tokenizer.encode(LETTERS)))
+        letters = torch.isin(input_ids, torch.tensor(self.tokenizer.encode(LETTERS), device=input_ids.device))
         equals = input_ids == self.tokenizer.encode("=")[0]
         # A letter after "=" is the answer read back, not part of the word.
         in_word = letters & (torch.cumsum(equals.long(), dim=1) == 0)
