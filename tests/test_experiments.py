@@ -397,9 +397,30 @@ def test_lm_experiment_reports_each_tier_and_the_depth_by_width_grid(tmp_path):
         and "| model | parameters | trained (min / steps) | tier |" in text
     )
     assert "depth x width on tier hops 3-4" in text and "Best at equal compute r * K: 1: r=1 K=1" in text
+    assert "Share of the prompt positions" not in text  # chains labels the answer only
     lines.clear()
     run_experiment(experiment, tmp_path / "out", progress=False, log=lines.append)
     assert any("evaluated already" in line for line in lines)
+
+
+def test_lm_experiment_reports_the_prefix_accuracy_of_a_task_trained_on_prefix_labels(tmp_path):
+    lm = tiny_run(TINY_LM, train={"steps": 2, "eval_size": 0})
+    lm["task"] = {"name": "permutations", "length": "1-4", "prefix_labels": True, "test_size": 6}
+    (tmp_path / "lm.yaml").write_text(yaml.safe_dump(lm))
+    spec = {
+        "kind": "lm",
+        "description": "tiny prefixes",
+        "budget_minutes": 5,
+        "models": {"huginn": {"config": "lm.yaml"}},
+        "eval": {"depths": [1, 2], "limit": 6, "tiers": {"length 5-6": {"test_length": "5-6"}}},
+    }
+    (tmp_path / "depth.yaml").write_text(yaml.safe_dump(spec))
+    results = run_experiment(load_experiment(str(tmp_path / "depth.yaml")), tmp_path / "out", progress=False)
+    tier = results["models"]["huginn"]["eval"]["tiers"][0]
+    shares = [r["prefix_accuracy"] for r in tier["results"]]
+    text = (tmp_path / "out" / "report.md").read_text()
+    table = text.split("Share of the prompt positions")[1]
+    assert "| huginn | " in table and " | ".join(f"{100 * v:.1f}" for v in shares) + " |" in table
 
 
 @pytest.mark.parametrize(

@@ -155,3 +155,14 @@ def test_label_work_counts_the_letters_each_label_composes():
 def test_tasks_without_label_work_say_so():
     with pytest.raises(UsageError, match="work of its labels"):
         get_task("arithmetic").label_work(torch.zeros(1, 4, dtype=torch.long))
+
+
+def test_held_out_prefix_labels_are_the_running_products_and_only_with_prefix_labels():
+    task = get_task("permutations", length="1-5", prefix_labels=True)
+    problems = [Word((1, 3, 5)), Word((4,))]
+    _, labels = task.collate(problems)
+    prefixed = task.prefix_labels_of(problems, labels)
+    assert task.decode(prefixed[0, :3]) == "bcd" and task.decode(prefixed[1, :1]) == "e"
+    assert (prefixed[0, 3:] == labels[0, 3:]).all() and (prefixed[1, 1:] == labels[1, 1:]).all()
+    assert (labels[0, :3] == -100).all()  # the labels given are left as they were
+    assert get_task("permutations", length="1-5").prefix_labels_of(problems, labels) is None

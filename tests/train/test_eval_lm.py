@@ -164,3 +164,39 @@ def test_width_needs_a_random_initial_state(tiny_config, tmp_path):
         "single",
         "any",
     }
+
+
+class _CarryTo(nn.Module):
+    """Names the running product of a permutations word at its first ``reach`` letters and a wrong letter after
+    them; answers the product at ``=`` only for words of at most ``reach`` letters."""
+
+    def __init__(self, task, reach: int, vocab: int = 264) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(1))
+        self.task, self.reach, self.vocab = task, reach, vocab
+
+    def forward(self, inputs, num_steps=1, init_scale=0.0):
+        from latentloop.tasks.permutations import LETTERS
+
+        encode = self.task.tokenizer.encode
+        targets = torch.full(inputs.shape, encode("=")[0])
+        for row, ids in enumerate(inputs.tolist()):
+            word = self.task.parse(self.task.decode(ids).split("=")[0])
+            products = word.prefix_products()
+            guesses = [p if i < self.reach else (p + 1) % 6 for i, p in enumerate(products)]
+            answer = products[-1] if len(products) <= self.reach else (products[-1] + 1) % 6
+            letters = "".join(LETTERS[g] for g in [*guesses, answer])
+            targets[row, : len(letters)] = torch.tensor(encode(letters))
+            targets[row, len(letters)] = self.task.tokenizer.eos_id
+        return SimpleNamespace(logits=torch.nn.functional.one_hot(targets, self.vocab).float())
+
+
+def test_prefix_accuracy_is_the_share_of_letters_whose_running_product_is_named():
+    task = get_task("permutations", length="1-8", test_length="1-8", prefix_labels=True, test_size=60)
+    lengths = [len(w.letters) for w in task.test_problems()]
+    result = heldout_metric(_CarryTo(task, reach=3), task, 4, batch_size=16)
+    assert result["exact_match"] == pytest.approx(sum(n <= 3 for n in lengths) / len(lengths))
+    assert result["prefix_accuracy"] == pytest.approx(sum(min(n, 3) for n in lengths) / sum(lengths))
+    assert heldout_metric(_CarryTo(task, reach=8), task, 4)["prefix_accuracy"] == 1.0
+    plain = get_task("permutations", length="1-8", test_size=60)  # trained on the answer only: no such metric
+    assert "prefix_accuracy" not in heldout_metric(_CarryTo(plain, reach=3), plain, 4)

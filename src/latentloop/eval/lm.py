@@ -143,6 +143,15 @@ def markdown_table(report: dict[str, Any]) -> str:
             f"| {r['num_steps']} | {r['exact_match']:.2%} | {r['single']:.2%} | {r['any']:.2%} | {r['n']} |"
             for r in report["results"]
         ]
+    elif metric == "exact_match" and all("prefix_accuracy" in r for r in report["results"]):
+        lines += [
+            "| depth (num_steps) | exact match | prompt positions right (prefix labels) | problems |",
+            "|---:|---:|---:|---:|",
+        ]
+        lines += [
+            f"| {r['num_steps']} | {r['exact_match']:.2%} | {r['prefix_accuracy']:.2%} | {r['n']} |"
+            for r in report["results"]
+        ]
     elif metric == "exact_match":
         lines += ["| depth (num_steps) | exact match | problems |", "|---:|---:|---:|"]
         lines += [f"| {r['num_steps']} | {r['exact_match']:.2%} | {r['n']} |" for r in report["results"]]

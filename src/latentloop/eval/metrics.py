@@ -195,7 +195,10 @@ def heldout_metric(
     samples: int = 1,
 ) -> dict[str, Any]:
     """The task's held-out metric at depth ``num_steps``: ``{"exact_match", "n"}`` or
-    ``{"perplexity", "loss", "tokens"}``. ``limit`` caps the number of problems (or windows).
+    ``{"perplexity", "loss", "tokens"}``. ``limit`` caps the number of problems (or windows). Where training
+    labels the prompt's positions with intermediate results (:meth:`Task.prefix_labels_of`), exact match adds
+    ``prefix_accuracy``: the share of those positions whose greedy token is their label (for permutations,
+    the letters whose running product the model names at this depth).
 
     ``samples=K > 1`` (exact-match tasks, ``init_scale > 0``) generates every answer along K latent
     trajectories and scores their majority vote; it adds ``samples``, ``single`` (the mean accuracy of one
@@ -211,7 +214,7 @@ def heldout_metric(
                 f"samples must be at least 1 (and above 1 only for exact-match tasks), got {samples}"
             )
         if task.metric == "exact_match":
-            correct = total = 0
+            correct = total = prefix_right = prefix_total = 0
             for inputs, labels, problems in task.heldout_batches(batch_size, limit):
                 logits = model(inputs.to(device), num_steps=num_steps, init_scale=init_scale).logits
                 predicted = logits.argmax(-1).cpu()
@@ -222,9 +225,17 @@ def heldout_metric(
                     if ok and task.verify(problems[row], task.decode(predicted[row][answer[row]].tolist())):
                         correct += 1
                 total += len(problems)
+                prefixed = task.prefix_labels_of(problems, labels)
+                if prefixed is not None:
+                    in_prompt = (prefixed != IGNORE_LABEL) & ~answer
+                    prefix_right += int((predicted == prefixed)[in_prompt].sum())
+                    prefix_total += int(in_prompt.sum())
             if total == 0:
                 raise UsageError("the task's held-out split is empty")
-            return {"exact_match": correct / total, "n": total}
+            result = {"exact_match": correct / total, "n": total}
+            if prefix_total:
+                result["prefix_accuracy"] = prefix_right / prefix_total
+            return result
         nll, count = 0.0, 0
         for inputs, labels, _ in task.heldout_batches(batch_size, limit):
             logits = model(inputs.to(device), num_steps=num_steps, init_scale=init_scale).logits

@@ -100,6 +100,11 @@ def summary_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
                     "steps": row["train"]["step"],
                     "metric": metric,
                     "by_depth": {r["num_steps"]: r[metric] for r in tier["results"]},
+                    "prefix_by_depth": {
+                        r["num_steps"]: r["prefix_accuracy"]
+                        for r in tier["results"]
+                        if "prefix_accuracy" in r
+                    },
                 }
                 for tier in tiers
             ]
@@ -144,34 +149,17 @@ def _report_heading(results: dict[str, Any], details: str, command: str | None) 
 
 def _lm_report_markdown(results: dict[str, Any], command: str | None) -> str:
     rows = summary_rows(results)
-    depths = sorted({d for r in rows for d in r["by_depth"]})
     lines = _report_heading(results, "", command)
     metric = rows[0]["metric"].replace("_", " ")
-    tiered = any(r["tier"] is not None for r in rows)
-    lines += [
-        "",
-        f"Held-out {metric} against test-time depth (recurrent-core iterations)"
-        + (", one row per held-out tier" if tiered else "")
-        + ":",
-        "",
-        "| model | parameters | trained (min / steps) | "
-        + ("tier | " if tiered else "")
-        + " | ".join(f"r={d}" for d in depths)
-        + " |",
-        "|---|---|---|" + ("---|" if tiered else "") + "---|" * len(depths),
-    ]
-    for r in rows:
-        cells = [
-            "-"
-            if r["by_depth"].get(d) is None
-            else (_pct(r["by_depth"][d]) if r["metric"] != "perplexity" else f"{r['by_depth'][d]:.2f}")
-            for d in depths
-        ]
-        lines.append(
-            f"| {r['model']} | {r['parameters']:,} | {r['train_minutes']:.1f} / {r['steps']} | "
-            + (f"{r['tier']} | " if tiered else "")
-            + " | ".join(cells)
-            + " |"
+    lines += _lm_depth_table(
+        rows, "by_depth", f"Held-out {metric} against test-time depth (recurrent-core iterations)"
+    )
+    if any(r["prefix_by_depth"] for r in rows):
+        lines += _lm_depth_table(
+            rows,
+            "prefix_by_depth",
+            "Share of the prompt positions whose greedy token is the intermediate result that training labels them "
+            "with (for permutations: the letters whose running product the model names), the same problems",
         )
     for name, row in results["models"].items():
         if row["eval"].get("width"):
@@ -181,6 +169,37 @@ def _lm_report_markdown(results: dict[str, Any], command: str | None) -> str:
     if results.get("paper_note"):
         lines += ["", results["paper_note"]]
     return "\n".join(lines) + "\n"
+
+
+def _lm_depth_table(rows: list[dict[str, Any]], key: str, title: str) -> list[str]:
+    """One Markdown table of ``row[key]`` (depth -> value) per model and tier, under ``title``."""
+    depths = sorted({d for r in rows for d in r[key]})
+    tiered = any(r["tier"] is not None for r in rows)
+    lines = [
+        "",
+        title + (", one row per held-out tier" if tiered else "") + ":",
+        "",
+        "| model | parameters | trained (min / steps) | "
+        + ("tier | " if tiered else "")
+        + " | ".join(f"r={d}" for d in depths)
+        + " |",
+        "|---|---|---|" + ("---|" if tiered else "") + "---|" * len(depths),
+    ]
+    for r in rows:
+        values = r[key]
+        cells = [
+            "-"
+            if values.get(d) is None
+            else (_pct(values[d]) if key != "by_depth" or r["metric"] != "perplexity" else f"{values[d]:.2f}")
+            for d in depths
+        ]
+        lines.append(
+            f"| {r['model']} | {r['parameters']:,} | {r['train_minutes']:.1f} / {r['steps']} | "
+            + (f"{r['tier']} | " if tiered else "")
+            + " | ".join(cells)
+            + " |"
+        )
+    return lines
 
 
 def _width_table(model: str, width: dict[str, Any]) -> list[str]:

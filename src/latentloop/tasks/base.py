@@ -182,6 +182,11 @@ class Task(ABC):
         (``trains_language_model``)."""
         raise UsageError(f"task {self.name!r} cannot train a language model")
 
+    def prefix_labels_of(self, problems: list[Any], labels: torch.Tensor) -> torch.Tensor | None:
+        """``labels`` [B, T] of the held-out ``problems`` with the intermediate result that training labels each
+        prompt position with laid over them, or None when training labels the answer only. Default: None."""
+        return None
+
     def label_work(self, input_ids: torch.Tensor) -> torch.Tensor:
         """For a training batch's ``input_ids`` [B, T], the number of sequential steps (the task's own unit,
         such as letters composed) that the label at each position needs, as an int tensor [B, T]

@@ -130,11 +130,19 @@ class PermutationsTask(GeneratedProblemTask):
         products are still computed in the latent iterations. Held-out batches label the answer only."""
         problems = self.training_problems(step, batch_size, seed)
         inputs, labels = self.collate(problems)
-        if self.prefix_labels:
-            for row, problem in enumerate(problems):
-                products = "".join(LETTERS[v] for v in problem.prefix_products())
-                labels[row, : len(products)] = torch.tensor(self.tokenizer.encode(products))
-        return inputs, labels
+        return inputs, self.prefix_labels_of(problems, labels) if self.prefix_labels else labels
+
+    def prefix_labels_of(self, problems: list[Word], labels: torch.Tensor) -> torch.Tensor | None:
+        """With ``prefix_labels``, a copy of ``labels`` (collated ``problems``) whose position of letter ``i``
+        holds the letter of the product of letters ``1..i``; None without (the position then predicts the
+        next letter, which nothing determines)."""
+        if not self.prefix_labels:
+            return None
+        labels = labels.clone()
+        for row, problem in enumerate(problems):
+            products = "".join(LETTERS[v] for v in problem.prefix_products())
+            labels[row, : len(products)] = torch.tensor(self.tokenizer.encode(products))
+        return labels
 
     def label_work(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Letters composed by each position's label: ``i`` for the position of the ``i``-th letter (labelled
