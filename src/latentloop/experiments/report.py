@@ -513,18 +513,26 @@ def plot_results(results: dict[str, Any], path: Path) -> None:
         return
     if results.get("kind") == "lm":
         grids = [(name, row["eval"]["width"]) for name, row in models.items() if row["eval"].get("width")]
-        fig, axes = plt.subplots(1, 1 + len(grids), figsize=(4.8 * (1 + len(grids)), 3.6), squeeze=False)
-        ax = axes[0][0]
-        for row in summary_rows(results):
-            depths = sorted(row["by_depth"])
-            label = row["model"] if row["tier"] is None else f"{row['model']}, {row['tier']}"
-            ax.plot(depths, [row["by_depth"][d] for d in depths], "o-", label=label, markersize=3)
-        ax.set(
-            xscale="log", xlabel="test-time depth (core iterations)", ylabel=row["metric"].replace("_", " ")
-        )
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-        for ax, (name, width) in zip(axes[0][1:], grids, strict=True):
+        rows = summary_rows(results)
+        curves = [("by_depth", rows[0]["metric"].replace("_", " "))]
+        if any(row["prefix_by_depth"] for row in rows):
+            curves.append(("prefix_by_depth", "prompt positions right (prefix labels)"))
+        panels = len(curves) + len(grids)
+        fig, axes = plt.subplots(1, panels, figsize=(4.8 * panels, 4.6), squeeze=False)
+        one_model = len(models) == 1
+        for ax, (key, ylabel) in zip(axes[0], curves, strict=False):
+            for row in rows:
+                depths = sorted(row[key])
+                if row["tier"] is None:
+                    label = row["model"]
+                else:
+                    label = row["tier"] if one_model else f"{row['model']}, {row['tier']}"
+                ax.plot(depths, [row[key][d] for d in depths], "o-", label=label, markersize=3)
+            ax.set(xscale="log", xlabel="test-time depth (core iterations)", ylabel=ylabel)
+            ax.grid(alpha=0.3)
+            # Below the axes: with many tiers a legend inside would hide the curves.
+            ax.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)
+        for ax, (name, width) in zip(axes[0][len(curves) :], grids, strict=True):
             for k in sorted({c["samples"] for c in width["cells"]}):
                 at = sorted((c for c in width["cells"] if c["samples"] == k), key=lambda c: c["num_steps"])
                 ax.plot(
@@ -534,7 +542,9 @@ def plot_results(results: dict[str, Any], path: Path) -> None:
                 xscale="log",
                 xlabel="test-time compute r * K (core iterations x trajectories)",
                 ylabel="exact match, majority vote",
-                title=f"{name}: depth x width" + (f", {width['tier']}" if width.get("tier") else ""),
+            )
+            ax.set_title(
+                f"{name}: depth x width" + (f"\n{width['tier']}" if width.get("tier") else ""), fontsize=9
             )
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
