@@ -13,7 +13,8 @@ from latentloop.errors import UsageError
 from latentloop.experiments import available_experiments, load_experiment
 from latentloop.experiments.report import format_flops, report_markdown
 from latentloop.experiments.runner import _check_run_configs, run_experiment
-from latentloop.train.run_config import build_reasoner_config
+from latentloop.tasks import get_task
+from latentloop.train.run_config import build_reasoner_config, build_run_config
 from tests.tiny import TINY_LM, TINY_REASONER, tiny_run
 
 TINY_MODEL = TINY_REASONER["model"]
@@ -222,6 +223,21 @@ def test_shipped_experiments_load():
         experiment = load_experiment(name)
         assert experiment.models and experiment.expected_minutes
         _check_run_configs(experiment, experiment.budget_minutes)  # every model's config builds as it trains
+
+
+def test_lm_depth_tiers_beyond_training_are_longer_than_every_word_trained_and_the_others_are_not():
+    experiment = load_experiment("lm-depth")
+    (spec,) = experiment.models
+    config = build_run_config(load_yaml(spec.config), spec.overrides)
+    task = get_task(config.task.name, **config.task.options)
+    longest = task.length[1]
+    for name, options in experiment.eval.tiers.items():
+        low, high = get_task(config.task.name, **{**config.task.options, **options}).test_length
+        assert (low > longest) == ("beyond training" in name), name
+        assert ("beyond training" in name) or high <= longest, name
+    # The depths read include the training mean and twice it (the extrapolation target's two readings).
+    mean = config.model.mean_recurrence
+    assert {mean, 2 * mean} <= set(experiment.eval.depths)
 
 
 def test_a_schedule_fitted_to_the_budget_passes_the_check_before_training():
