@@ -347,19 +347,26 @@ def test_generative_baselines_are_evaluated_with_their_own_decoding_steps(tmp_pa
     assert len(results["models"]["trm"]["eval"]["curve_steps"]) == 2  # the experiment's supervision steps
 
 
-def test_lm_experiment_reports_the_metric_against_depth(tmp_path):
-
+def lm_experiment(tmp_path, evaluation: dict, task: dict | None = None):
+    """A tiny ``kind: lm`` experiment of one model ("huginn", 2 training steps) with ``evaluation`` as its
+    ``eval`` and ``task`` (when given) as the run's task, loaded from files written into ``tmp_path``."""
     lm = tiny_run(TINY_LM, train={"steps": 2, "eval_size": 0})
+    if task is not None:
+        lm["task"] = task
     (tmp_path / "lm.yaml").write_text(yaml.safe_dump(lm))
     spec = {
         "kind": "lm",
         "description": "tiny depth",
         "budget_minutes": 5,
         "models": {"huginn": {"config": "lm.yaml"}},
-        "eval": {"depths": [1, 3], "limit": 8},
+        "eval": evaluation,
     }
     (tmp_path / "depth.yaml").write_text(yaml.safe_dump(spec))
-    experiment = load_experiment(str(tmp_path / "depth.yaml"))
+    return load_experiment(str(tmp_path / "depth.yaml"))
+
+
+def test_lm_experiment_reports_the_metric_against_depth(tmp_path):
+    experiment = lm_experiment(tmp_path, {"depths": [1, 3], "limit": 8})
     lines: list[str] = []
     results = run_experiment(experiment, tmp_path / "out", progress=False, log=lines.append)
     row = results["models"]["huginn"]
@@ -379,23 +386,14 @@ def test_lm_experiment_reports_the_metric_against_depth(tmp_path):
 
 
 def test_lm_experiment_reports_each_tier_and_the_depth_by_width_grid(tmp_path):
-    lm = tiny_run(TINY_LM, train={"steps": 2, "eval_size": 0})
-    lm["task"] = {"name": "chains", "variables": 4, "hops": "1-2", "test_size": 6}
-    (tmp_path / "lm.yaml").write_text(yaml.safe_dump(lm))
-    spec = {
-        "kind": "lm",
-        "description": "tiny tiers",
-        "budget_minutes": 5,
-        "models": {"huginn": {"config": "lm.yaml"}},
-        "eval": {
-            "depths": [1, 2, 4],
-            "limit": 6,
-            "tiers": {"hops 1-2": {"test_hops": "1-2"}, "hops 3-4": {"test_hops": "3-4"}},
-            "width": {"tier": "hops 3-4", "widths": [1, 2], "compute": 4, "limit": 3},
-        },
+    evaluation = {
+        "depths": [1, 2, 4],
+        "limit": 6,
+        "tiers": {"hops 1-2": {"test_hops": "1-2"}, "hops 3-4": {"test_hops": "3-4"}},
+        "width": {"tier": "hops 3-4", "widths": [1, 2], "compute": 4, "limit": 3},
     }
-    (tmp_path / "depth.yaml").write_text(yaml.safe_dump(spec))
-    experiment = load_experiment(str(tmp_path / "depth.yaml"))
+    chains = {"name": "chains", "variables": 4, "hops": "1-2", "test_size": 6}
+    experiment = lm_experiment(tmp_path, evaluation, chains)
     lines: list[str] = []
     results = run_experiment(experiment, tmp_path / "out", progress=False, log=lines.append)
     report = results["models"]["huginn"]["eval"]
@@ -420,18 +418,11 @@ def test_lm_experiment_reports_each_tier_and_the_depth_by_width_grid(tmp_path):
 
 
 def test_lm_experiment_reports_the_prefix_accuracy_of_a_task_trained_on_prefix_labels(tmp_path):
-    lm = tiny_run(TINY_LM, train={"steps": 2, "eval_size": 0})
-    lm["task"] = {"name": "permutations", "length": "1-4", "prefix_labels": True, "test_size": 6}
-    (tmp_path / "lm.yaml").write_text(yaml.safe_dump(lm))
-    spec = {
-        "kind": "lm",
-        "description": "tiny prefixes",
-        "budget_minutes": 5,
-        "models": {"huginn": {"config": "lm.yaml"}},
-        "eval": {"depths": [1, 2], "limit": 6, "tiers": {"length 5-6": {"test_length": "5-6"}}},
-    }
-    (tmp_path / "depth.yaml").write_text(yaml.safe_dump(spec))
-    results = run_experiment(load_experiment(str(tmp_path / "depth.yaml")), tmp_path / "out", progress=False)
+    evaluation = {"depths": [1, 2], "limit": 6, "tiers": {"length 5-6": {"test_length": "5-6"}}}
+    permutations = {"name": "permutations", "length": "1-4", "prefix_labels": True, "test_size": 6}
+    results = run_experiment(
+        lm_experiment(tmp_path, evaluation, permutations), tmp_path / "out", progress=False
+    )
     tier = results["models"]["huginn"]["eval"]["tiers"][0]
     shares = [r["prefix_accuracy"] for r in tier["results"]]
     text = (tmp_path / "out" / "report.md").read_text()
