@@ -277,3 +277,43 @@ def test_progress_bar_counts_down_the_sooner_of_steps_and_budget():
     steps_bound.first_time = now - 2.0  # two steps since the resume took two seconds: 8 left
     assert 8.0 <= steps_bound.seconds_left(3) < 8.5
     assert steps_bound.seconds_left(1) == math.inf  # no step yet: no estimate
+
+
+def test_pace_times_the_steps_after_the_first_and_prices_the_rest_of_the_schedule_by_its_flops(monkeypatch):
+    from latentloop.train import monitor
+
+    clock = iter([100.0, 104.0, 110.0])
+    monkeypatch.setattr(monitor.time, "perf_counter", lambda: next(clock))
+    pace = monitor.Pace(first_step=0, skip=10, window=20)
+    pace.observe(10, 1e9)  # the first step timed: the 10 before it compile
+    assert pace.seconds_left(1e12, 1e9) is None  # nothing timed yet
+    pace.observe(20, 5e9)  # 4e9 FLOPs in 4 s
+    assert pace.flops_per_s == 1e9 and not pace.ready(20)
+    pace.observe(30, 11e9)  # 1e10 FLOPs in 10 s: still 1e9 FLOP/s
+    assert pace.ready(30) and not pace.ready(31)
+    # A curriculum's deeper steps to come: the schedule's remaining FLOPs, not its remaining steps, set the time.
+    assert pace.seconds_left(111e9, 11e9) == 100.0
+
+
+def test_progress_bar_follows_the_schedules_time_where_pace_measures_it():
+    from latentloop.train.monitor import ProgressBar
+
+    bar = ProgressBar(False, total=100, completed=0, started=time.perf_counter())
+    bar.first_time = time.perf_counter() - 1.0  # ten steps a second by the average so far: 9 s left
+    assert bar.seconds_left(10, schedule_left=250.0) == 250.0
+    assert 9.0 <= bar.seconds_left(10) < 9.1
+
+
+def test_a_run_announces_its_expected_minutes_once_its_first_steps_are_timed(tiny_config, tmp_path):
+    announced: list[float] = []
+    lines: list[str] = []
+    result = train(_with(tiny_config, steps=40), tmp_path, on_pace=announced.append, log=lines.append)
+    assert len(announced) == 1 and announced[0] > 0
+    assert [line for line in lines if "take about" in line] == [
+        f"the 40 steps take about {announced[0] / 60:.1f} min on this machine"
+    ]
+    assert result.step == 40
+    # Too short a schedule to time: no estimate.
+    announced.clear()
+    train(_with(tiny_config, steps=20), tmp_path / "short", on_pace=announced.append)
+    assert announced == []

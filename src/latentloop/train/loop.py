@@ -36,7 +36,7 @@ from latentloop.train.checkpoint import (
 )
 from latentloop.train.deep_supervision import DeepSupervision
 from latentloop.train.language_model import LanguageModelObjective
-from latentloop.train.monitor import InterruptFlag, MetricsLog, ProgressBar
+from latentloop.train.monitor import InterruptFlag, MetricsLog, Pace, ProgressBar
 from latentloop.train.objective import Objective, TrainingError, Updates
 from latentloop.train.optim import build_optimizer
 from latentloop.train.precision import choose_precision, resolve_device, resumed_precision, seed_everything
@@ -98,6 +98,7 @@ def train(
     progress: bool | str = False,
     log: Callable[[str], None] | None = None,
     stop_at: int | None = None,
+    on_pace: Callable[[float], None] | None = None,
 ) -> TrainResult:
     """Train (or resume) the run in ``out_dir`` until ``train.steps`` steps or ``train.budget_minutes``.
 
@@ -107,6 +108,10 @@ def train(
     it); ``log`` receives one text line per logged step. ``stop_at`` ends this call after that many steps (as
     an interruption would), with a checkpoint, without changing the schedule. Raises :class:`TrainingError`
     when the loss stops being finite.
+
+    Once this machine's speed is measured on the first steps (:class:`~latentloop.train.monitor.Pace`), the
+    expected wall-clock seconds of the whole schedule (the time spent so far included) go to ``on_pace``, and
+    to ``log`` as a line; the progress bar's time left follows the same measure.
 
     Launched by ``torchrun`` (``WORLD_SIZE > 1``) it trains data-parallel; only rank 0 writes to ``out_dir``
     and logs, and every rank returns the same result.
@@ -178,6 +183,7 @@ def train(
     window_seen, window_time = 0, 0.0
     phase = f"{progress} train" if isinstance(progress, str) else "train"
     bar = ProgressBar(bool(progress), tc.steps, start_step, phase, objective.unit, budget_s, started)
+    pace = Pace(start_step, skip=FIT_SKIP)
 
     def save(at: int) -> Path:
         # Every rank hands its RNG states to rank 0, which alone writes the checkpoint.
@@ -240,7 +246,18 @@ def train(
                 window_seen += consumed
                 window_time += time.perf_counter() - tick
                 rate = window_seen / max(window_time, 1e-9)
-                bar.update(step, step_losses[-1], rate, last_eval.get("accuracy") if last_eval else None)
+                pace.observe(step, objective.flops)
+                left = pace.seconds_left(
+                    objective.schedule_flops(tc.steps, step, objective.flops), objective.flops
+                )
+                if pace.ready(step) and left is not None:
+                    expected = time.perf_counter() - started + left
+                    if on_pace is not None:
+                        on_pace(expected)
+                    if log:
+                        log(f"the {tc.steps} steps take about {expected / 60:.1f} min on this machine")
+                accuracy = last_eval.get("accuracy") if last_eval else None
+                bar.update(step, step_losses[-1], rate, accuracy, schedule_left=left)
                 if step % tc.log_every == 0 or step == end_step:
                     record, line = objective.train_record(seen, rate, updates.lr)
                     record = {"kind": "train", "step": step, **record, "flops": objective.flops}

@@ -68,6 +68,40 @@ class MetricsLog:
             self.writer.close()
 
 
+class Pace:
+    """This machine's training speed and the time a fixed schedule still takes at it.
+
+    The speed is FLOPs per second, measured from ``skip`` steps after the first (the compiler's first calls
+    are slower) to the latest step. The time left is the schedule's remaining FLOPs over that speed, so the
+    deeper steps a curriculum has still to come count for what they cost. The estimate is ``ready`` once
+    ``window`` steps have been timed: that is when a run announces its expected duration.
+    """
+
+    def __init__(self, first_step: int, skip: int = 10, window: int = 20) -> None:
+        self.from_step, self.ready_step = first_step + skip, first_step + skip + window
+        self.mark: tuple[float, float] | None = None
+        self.flops_per_s: float | None = None
+
+    def observe(self, step: int, flops: float) -> None:
+        """Record that ``step`` steps are done, having spent ``flops`` FLOPs in all."""
+        now = time.perf_counter()
+        if step == self.from_step:
+            self.mark = now, flops
+        elif self.mark is not None and now > self.mark[0] and flops > self.mark[1]:
+            self.flops_per_s = (flops - self.mark[1]) / (now - self.mark[0])
+
+    def ready(self, step: int) -> bool:
+        """Whether ``step`` is the step at which the estimate is first trusted."""
+        return step == self.ready_step and self.flops_per_s is not None
+
+    def seconds_left(self, planned_flops: float, flops: float) -> float | None:
+        """Seconds until the schedule's ``planned_flops`` are spent, ``flops`` being spent; None before the
+        speed is measured."""
+        if self.flops_per_s is None:
+            return None
+        return max(0.0, planned_flops - flops) / self.flops_per_s
+
+
 class ProgressBar:
     """A rich progress bar: the phase, steps done, loss, the latest held-out accuracy, throughput and the time
     left (the sooner of the steps' ETA and the end of the time budget); nothing when disabled."""
@@ -117,17 +151,27 @@ class ProgressBar:
         if self.progress is not None:
             self.progress.stop()
 
-    def seconds_left(self, step: int) -> float:
-        """The sooner of the remaining steps at this run's pace and the remaining budget."""
+    def seconds_left(self, step: int, schedule_left: float | None = None) -> float:
+        """The sooner of the remaining schedule's time and the remaining budget. ``schedule_left``: that time
+        as :class:`Pace` measures it; without it, the remaining steps at this run's average pace."""
         now = time.perf_counter()
         done = step - self.first_step
         by_steps = (self.total - step) * (now - self.first_time) / done if done > 0 else math.inf
+        if schedule_left is not None:
+            by_steps = schedule_left
         return max(0.0, min(by_steps, self.budget_s - (now - self.started)))
 
-    def update(self, step: int, loss: float, rate: float, accuracy: float | None = None) -> None:
+    def update(
+        self,
+        step: int,
+        loss: float,
+        rate: float,
+        accuracy: float | None = None,
+        schedule_left: float | None = None,
+    ) -> None:
         if self.progress is None:
             return
-        left = self.seconds_left(step)
+        left = self.seconds_left(step, schedule_left)
         fields: dict[str, Any] = {"loss": loss, "rate": rate}
         fields["left"] = f"{int(left // 60)}:{int(left % 60):02d} left" if math.isfinite(left) else ""
         if accuracy is not None:
