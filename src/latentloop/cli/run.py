@@ -44,7 +44,10 @@ def run_command(
     ),
     out: str = typer.Option(None, "--out", help="Output folder (default: runs/EXPERIMENT)."),
     budget_minutes: str = typer.Option(
-        None, "--budget-minutes", help="Training time of the whole experiment, split between its models."
+        None,
+        "--budget-minutes",
+        help="Cap the training time of the whole experiment, split between its models. A model the cap stops "
+        "is reported as time-capped (N of M planned steps), not as the experiment's result.",
     ),
     jobs: int = typer.Option(
         None,
@@ -52,12 +55,26 @@ def run_command(
         min=1,
         help="Models trained at once, each on an equal share of the cores (default: the experiment's jobs).",
     ),
+    threads: int = typer.Option(
+        None,
+        "--threads",
+        min=1,
+        help="Torch threads of the whole experiment, shared by the models trained at once (default: torch's, "
+        "one per core). The schedules do not change with it.",
+    ),
+    schedule: str = typer.Option(
+        None,
+        "--schedule",
+        help="Train this fraction (0-1] of every model's schedule, e.g. 0.6: how much margin a result has.",
+    ),
     list_only: bool = typer.Option(False, "--list", help="List the shipped experiments and exit."),
     report: str = typer.Option(None, "--report", help="Also write this experiment's section into FILE.md."),
     json_output: bool = typer.Option(False, "--json", help="Print the results as JSON."),
 ) -> None:
-    """Run an experiment: train its models under one budget, evaluate depth and width scaling, write a report
-    (report.md, results.json, curves.png, boards.png). Running it again resumes and skips finished parts."""
+    """Run an experiment: train its models on their fixed schedules, evaluate depth and width scaling, write a
+    report (report.md, results.json, curves.png, boards.png). Running it again resumes and skips finished
+    parts. The numbers are the same on any machine; `--list` gives each experiment's minutes on the reference
+    machine, and the run says how long it will take on this one once it has timed its first batches."""
     from latentloop.experiments import (
         DEFAULT_EXPERIMENT,
         available_experiments,
@@ -66,8 +83,11 @@ def run_command(
     )
 
     if list_only:
+        from latentloop.experiments import REFERENCE_MACHINE
+
         names = available_experiments()
         width = max(map(len, names), default=0)
+        typer.echo(f"minutes on the reference machine: {REFERENCE_MACHINE}", err=True)
         for name in names:
             spec = load_experiment(name)
             minutes = f"~{spec.expected_minutes:g} min" if spec.expected_minutes else ""
@@ -84,6 +104,14 @@ def run_command(
     spec = load_experiment(experiment or DEFAULT_EXPERIMENT, overrides)
     if jobs is not None:
         spec.jobs = jobs
+    if schedule is not None:
+        from latentloop.experiments.runner import scale_schedules
+
+        spec = scale_schedules(spec, positive_number(schedule, "--schedule"))
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
     out_dir = Path(out) if out else Path("runs") / spec.name
 
     def log(line: str) -> None:
@@ -100,6 +128,10 @@ def run_command(
             words += ["--budget-minutes", f"{budget:g}"]
         if jobs is not None:
             words += ["--jobs", str(jobs)]
+        if threads is not None:
+            words += ["--threads", str(threads)]
+        if schedule is not None:
+            words += ["--schedule", schedule]
         command = " ".join(shlex.quote(w) for w in words)
         update_results_file(Path(report), spec.name, report_markdown(results, command))
     if json_output:

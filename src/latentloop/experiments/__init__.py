@@ -1,14 +1,22 @@
-"""Shipped experiments: train several reasoners on one task under one budget, evaluate them alike, report.
+"""Shipped experiments: train several reasoners on one task on fixed schedules, evaluate them alike, report.
 
 An experiment is a YAML file in ``configs/experiments/``::
 
     description: N-Queens 8x8 under the GRAM protocol ...
-    budget_minutes: 10          # training wall-clock per model (``--budget-minutes`` sets the total instead)
+    expected_minutes: 20        # the whole run on the reference machine (REFERENCE_MACHINE)
     models:                     # name -> run config (relative to this file) and key=value overrides
-      gram: {config: ../nqueens8-gram.yaml}
+      gram: {config: ../nqueens8-gram.yaml, overrides: [train.steps=3000], reference_minutes: 8.5}
       trm: {config: ../nqueens8-trm.yaml, overrides: [train.lr=5e-4]}
     eval: {samples: 20, steps: 16, limit: 200}
     paper: {gram: {accuracy: 99.7, coverage: 90.3}}   # the paper's numbers, shown beside ours
+
+Every model trains the fixed schedule its config and overrides give (``train.steps``), never "as many steps as
+fit in N minutes", so a run's numbers are the same on any machine; only its duration differs.
+``expected_minutes`` is the whole run's duration on the reference machine (:data:`REFERENCE_MACHINE`) and a
+model's ``reference_minutes`` its training there: ``latentloop run`` times each model's first batches and says
+how long it will take on this machine. An explicit ``budget_minutes`` (or ``latentloop run --budget-minutes``)
+caps the training time; a model the cap stops is reported as time-capped, N of its M planned steps, and its
+numbers are not the experiment's reference result.
 
 An experiment with ``kind: lm`` trains recurrent-depth language models instead and evaluates each at the
 test-time depths ``eval.depths`` (``eval: {depths: [1, 2, 4, 8, 16, 32], limit: 1000}``). One with
@@ -20,9 +28,8 @@ One with ``kind: time-to-accuracy`` measures how fast reasoners reach a target a
 models being the rows of an ablation, each adding one option (override) to the row before::
 
     kind: time-to-accuracy
-    budget_minutes: 30
     models:
-      baseline: {config: ../nqueens8-gram-long.yaml}
+      baseline: {config: ../nqueens8-gram-long.yaml, overrides: [train.steps=2000]}
       longer: {config: ../nqueens8-gram-long.yaml, overrides: [train.steps=3000]}
     eval: {samples: 20, steps: 8, limit: 100, every: 250}   # a checkpoint every 250 batches
     targets: {accuracy: 95, coverage: 80}                   # percent; metrics: accuracy, coverage
@@ -38,9 +45,8 @@ target, else the difference in final accuracy and coverage; ``curves.png`` draws
 minutes, examples and FLOPs.
 
 ``jobs: 2`` (or ``latentloop run --jobs 2``) trains and evaluates two models at once, each in its own process
-on half of the cores (``torch.set_num_threads``), with the same wall-clock budget each; each run's
-``train.json`` records its ``torch_threads``. Whether that gives a model more batches than half the time alone
-on all cores depends on the model and the machine (measure it). Progress bars are off then, and each model logs
+on half of the cores (``torch.set_num_threads``); each run's ``train.json`` records its ``torch_threads``.
+Whether that finishes sooner than taking turns on all cores depends on the model and the machine (measure it). Progress bars are off then, and each model logs
 its lines to standard error.
 
 :func:`run_experiment` trains each model in ``OUT/<model>`` (resuming an interrupted run; a finished run is not
@@ -60,6 +66,7 @@ from latentloop.experiments.spec import (
     EXPERIMENTS_DIR,
     KINDS,
     OVERRIDE_SECTIONS,
+    REFERENCE_MACHINE,
     EvalSpec,
     Experiment,
     ModelSpec,
@@ -75,6 +82,7 @@ __all__ = [
     "EXPERIMENTS_DIR",
     "KINDS",
     "OVERRIDE_SECTIONS",
+    "REFERENCE_MACHINE",
     "EvalSpec",
     "Experiment",
     "ModelSpec",

@@ -131,18 +131,43 @@ def summary_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def schedule_sentence(results: dict[str, Any]) -> str:
+    """How much each model trained, as the report's heading says it: the fixed schedules (the same on any
+    machine), or under a time cap "time-capped: N of M planned steps" for each model the cap stopped, which is
+    then not the experiment's reference result. Results written before schedules were fixed (no
+    ``planned_steps``) trained for a wall-clock budget and say so."""
+    trained = {name: row["train"] for name, row in results["models"].items()}
+    if not all("planned_steps" in t for t in trained.values()):
+        minutes = results.get("budget_minutes_per_model")
+        return f"training budget {minutes:g} min of wall-clock per model (a schedule fitted to the minutes)"
+    steps = ", ".join(f"{name} {t['planned_steps']:,}" for name, t in trained.items())
+    capped = {name: t for name, t in trained.items() if t.get("time_capped")}
+    fraction = results.get("schedule_fraction", 1.0)
+    share = "" if fraction == 1 else f" at {100 * fraction:g}% of the experiment's"
+    if not capped:
+        return f"fixed schedules{share}, the same on any machine: {steps} steps"
+    stopped = ", ".join(
+        f"{name} {t['step']:,} of {t['planned_steps']:,} planned steps" for name, t in capped.items()
+    )
+    return (
+        f"time-capped at {results['budget_minutes_per_model']:g} min per model: {stopped} "
+        f"(not the reference result; planned: {steps} steps)"
+    )
+
+
 def _report_heading(results: dict[str, Any], details: str, command: str | None) -> list[str]:
     """The lines every report starts with: title, description, where and how it was measured, the command."""
     machine_ = results["machine"]
     jobs, threads = results.get("jobs", 1), results.get("threads_per_model")
     together = f" ({jobs} models at a time, {threads} thread{'s' * (threads > 1)} each)" if jobs > 1 else ""
+    cpu = f"{machine_['cpu']}, " if machine_.get("cpu") else ""
     lines = [
         f"## {results['experiment']}",
         "",
         results["description"],
         "",
-        f"Measured on {results['date']} ({machine_['cpus']} CPUs, torch {machine_['torch']}, {machine_['device']}); "
-        f"training budget {results['budget_minutes_per_model']:g} min of wall-clock per model{together}{details}.",
+        f"Measured on {results['date']} ({cpu}{machine_['cpus']} CPUs, torch {machine_['torch']}, "
+        f"{machine_['device']}); {schedule_sentence(results)}{together}{details}.",
     ]
     return lines + (["", f"Command: `{command}`"] if command else [])
 

@@ -14,6 +14,7 @@ experiment file (``../nqueens8-gram.yaml``, as the file names it), and the exper
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import itertools
 import json
@@ -97,29 +98,83 @@ def _trained_specs(experiment: Experiment) -> list[ModelSpec]:
         return list(experiment.models)
     every = experiment.eval.every
     extra = [f"train.checkpoint_every={every}", "train.keep_checkpoints=0", "train.eval_every=0"]
-    return [ModelSpec(spec.name, spec.config, [*spec.overrides, *extra]) for spec in experiment.models]
+    return [dataclasses.replace(spec, overrides=[*spec.overrides, *extra]) for spec in experiment.models]
 
 
-def _check_run_configs(experiment: Experiment, minutes: float) -> None:
-    """Build every model's run config with its overrides and the budget it trains under (as
+def planned_steps(experiment: Experiment) -> dict[str, int]:
+    """The schedule each model of ``experiment`` trains, in steps (batches), as its run config and overrides
+    fix it: what the experiment's numbers come from on any machine, unless a time cap stops a model sooner."""
+    build = build_run_config if experiment.kind == "lm" else build_reasoner_config
+    return {
+        spec.name: build(load_yaml(spec.config), spec.overrides).train.steps
+        for spec in _trained_specs(experiment)
+    }
+
+
+def scale_schedules(experiment: Experiment, fraction: float) -> Experiment:
+    """``experiment`` with every model's schedule shortened to ``fraction`` (in (0, 1]) of its steps, rounded
+    (``train.steps`` added to its overrides, so its run and its ``train.json`` record it): the same recipes on
+    a shorter fixed schedule, to measure the margin by which a result holds."""
+    if not 0 < fraction <= 1:
+        raise UsageError(f"the schedule fraction (--schedule) must be in (0, 1], got {fraction:g}")
+    if fraction == 1:
+        return experiment
+    steps = planned_steps(experiment)
+    models = [
+        dataclasses.replace(
+            spec, overrides=[*spec.overrides, f"train.steps={max(1, round(fraction * steps[spec.name]))}"]
+        )
+        for spec in experiment.models
+    ]
+    return dataclasses.replace(experiment, models=models, schedule_fraction=fraction)
+
+
+def _budget_overrides(minutes: float | None) -> list[str]:
+    """The override that caps a model's training at ``minutes`` of wall-clock (none without a cap)."""
+    return [] if minutes is None else [f"train.budget_minutes={minutes}"]
+
+
+def _check_run_configs(experiment: Experiment, minutes: float | None) -> None:
+    """Build every model's run config with its overrides and the time cap it trains under (as
     :func:`_train_model` does), so that a bad key or value stops the experiment before any model trains."""
     build = build_run_config if experiment.kind == "lm" else build_reasoner_config
     for spec in _trained_specs(experiment):
-        build(load_yaml(spec.config), [*spec.overrides, f"train.budget_minutes={minutes}"])
+        build(load_yaml(spec.config), [*spec.overrides, *_budget_overrides(minutes)])
+
+
+def pace_line(
+    name: str, seconds: float, reference_minutes: float | None, experiment_minutes: float | None
+) -> str:
+    """What ``latentloop run`` says once a model's first batches are timed: its training's expected minutes
+    on this machine (``seconds``), and where the reference machine's are known, this machine's speed against
+    it and the whole experiment's expected minutes here."""
+    line = f"{name}: training takes about {seconds / 60:.0f} min on this machine"
+    if reference_minutes is None:
+        return line
+    speed = reference_minutes * 60 / max(seconds, 1e-9)
+    line += f", {reference_minutes:g} on the reference machine ({speed:.2f}x its speed)"
+    if experiment_minutes is not None:
+        line += f"; the whole experiment about {experiment_minutes / speed:.0f} min here ({experiment_minutes:g} there)"
+    return line
 
 
 def _train_model(
     spec: ModelSpec,
     folder: Path,
-    minutes: float,
+    minutes: float | None,
     progress: bool,
     log: Callable[[str], None],
     lm: bool = False,
     config_name: str | None = None,
+    experiment_minutes: float | None = None,
 ) -> dict[str, Any]:
-    """Train (or resume) one model (a reasoner, or with ``lm`` a recurrent-depth LM); its summary is stored in
-    ``train.json`` once training has finished, and a rerun with the same budget returns it untrained.
-    ``config_name``: the run config as the summary names it (default: its path)."""
+    """Train (or resume) one model (a reasoner, or with ``lm`` a recurrent-depth LM) through its whole schedule,
+    or until ``minutes`` of wall-clock when a time cap is given; its summary is stored in ``train.json`` once
+    training has finished, and a rerun with the same cap returns it untrained. The summary says which schedule
+    ran: ``planned_steps`` (the config's ``train.steps``) and ``step`` (those trained; fewer only when the cap
+    stopped it, ``time_capped``). ``config_name``: the run config as the summary names it (default: its
+    path). Once its first batches are timed, :func:`pace_line` is logged (``experiment_minutes``: the whole
+    experiment's on the reference machine)."""
     config_name = config_name or str(spec.config)
     done = _read_json(folder / "train.json")
     if done is not None and done.get("overrides", []) != spec.overrides:
@@ -130,17 +185,23 @@ def _train_model(
     if done is not None and done.get("budget_minutes") == minutes:
         log(f"{spec.name}: trained already ({done['step']} steps), skipping")
         return {**done, "config": config_name}
-    overrides = [*spec.overrides, f"train.budget_minutes={minutes}"]
-    log(f"{spec.name}: training for up to {minutes:g} min in {folder}")
+    overrides = [*spec.overrides, *_budget_overrides(minutes)]
+    build = build_run_config if lm else build_reasoner_config
+    config = build(load_yaml(spec.config), overrides)
+    planned = config.train.steps
+    cap = "" if minutes is None else f", capped at {minutes:g} min"
+    log(f"{spec.name}: training {planned} steps{cap} in {folder}")
+
+    def on_pace(seconds: float) -> None:
+        log(pace_line(spec.name, seconds, spec.reference_minutes, experiment_minutes))
+
     if lm:
-        config = build_run_config(load_yaml(spec.config), overrides)
-        result = train(config, folder, progress=progress)
+        result = train(config, folder, progress=progress, on_pace=on_pace)
         with torch.device("meta"):  # the count only: no weights drawn
             parameters = RecurrentDepthLM(config.model).num_parameters()
         arch, seen = config.arch, {"tokens_seen": result.counts["tokens_seen"]}
     else:
-        config = build_reasoner_config(load_yaml(spec.config), overrides)
-        result = train(config, folder, progress=spec.name if progress else False, log=None)
+        result = train(config, folder, progress=spec.name if progress else False, log=None, on_pace=on_pace)
         parameters, arch = result.counts["parameters"], config.arch
         seen = {"examples_seen": result.counts["examples_seen"], "flops": result.counts["flops"]}
     summary = {
@@ -150,8 +211,10 @@ def _train_model(
         "overrides": spec.overrides,
         "budget_minutes": minutes,
         "parameters": parameters,
+        "planned_steps": planned,
         "step": result.step,
         "stopped": result.stopped,
+        "time_capped": result.stopped == "budget",
         **seen,
         "train_minutes": round(result.elapsed_s / 60, 2),
         "torch_threads": torch.get_num_threads(),
@@ -501,9 +564,29 @@ def _time_to_accuracy_row(
     }
 
 
+# The CPU's vector extensions that decide the speed of fp32 and bf16 matmuls on the CPU.
+_VECTOR_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
+
+
+def _cpu() -> str | None:
+    """The processor's name and its vector extensions among ``_VECTOR_FLAGS``, as Linux reports them (None
+    elsewhere): ``AMD EPYC (avx2 avx512f avx512_bf16)``."""
+    try:
+        info = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return None
+    name = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), None)
+    flags = next((line.split(":", 1)[1].split() for line in info if line.startswith("flags")), [])
+    if name is None:
+        return None
+    vector = " ".join(f for f in _VECTOR_FLAGS if f in flags)
+    return f"{name} ({vector})" if vector else name
+
+
 def machine() -> dict[str, Any]:
     """What the numbers were measured on."""
     return {
+        "cpu": _cpu(),
         "cpus": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "platform": platform.platform(),
@@ -518,7 +601,7 @@ def _model_row(
     index: int,
     spec: ModelSpec,
     out: Path,
-    minutes: float,
+    minutes: float | None,
     progress: bool,
     log: Callable[[str], None],
 ) -> dict[str, Any]:
@@ -533,6 +616,7 @@ def _model_row(
         log,
         lm=experiment.kind == "lm",
         config_name=_relative_config(spec.config, experiment),
+        experiment_minutes=experiment.expected_minutes,
     )
     if experiment.kind == TIME_TO_ACCURACY:
         return _time_to_accuracy_row(experiment, index, folder, train, log)
@@ -583,7 +667,7 @@ def threads_per_job(jobs: int) -> int:
 
 
 def _model_rows_side_by_side(
-    experiment: Experiment, specs: list[ModelSpec], out: Path, minutes: float, jobs: int
+    experiment: Experiment, specs: list[ModelSpec], out: Path, minutes: float | None, jobs: int
 ) -> dict[str, Any]:
     """The rows of :func:`_model_row` with ``jobs`` models trained and evaluated at once, each in its own
     process on :func:`threads_per_job` of the cores (see ``jobs`` in :mod:`latentloop.experiments`)."""
@@ -613,8 +697,10 @@ def run_experiment(
 ) -> dict[str, Any]:
     """Train and evaluate every model of ``experiment`` into ``out``; returns the results (also written).
 
-    ``budget_minutes`` is the training time of the whole experiment, split equally between its models; by
-    default each model gets the experiment's ``budget_minutes``. For ``kind: time-to-accuracy`` every model
+    Every model trains its config's fixed schedule (``train.steps``), so the results are the same on any
+    machine. ``budget_minutes`` caps the training time of the whole experiment, split equally between its
+    models (by default the experiment's own ``budget_minutes`` per model, if it sets one): a model the cap stops
+    is reported as time-capped, N of its M planned steps. For ``kind: time-to-accuracy`` every model
     keeps a checkpoint every ``eval.every`` batches, each of which is evaluated (resumably, see
     :func:`_evaluate_curve`), and the results hold each model's curve, the first point reaching each target,
     and the gain of each row over the row before it (:func:`ablation_gains`).
@@ -624,12 +710,12 @@ def run_experiment(
         per_model = positive_number(budget_minutes, "--budget-minutes") / len(experiment.models)
     else:
         per_model = experiment.budget_minutes
-    _check_run_configs(experiment, round(per_model, 4))
+    minutes = None if per_model is None else round(per_model, 4)
+    _check_run_configs(experiment, minutes)
     _check_writable(out)
     jobs = min(experiment.jobs, len(experiment.models))
     started = datetime.datetime.now(datetime.timezone.utc)
     specs = _trained_specs(experiment)
-    minutes = round(per_model, 4)
     if jobs == 1:
         rows = {
             spec.name: _model_row(experiment, index, spec, out, minutes, progress, log)
@@ -647,6 +733,7 @@ def run_experiment(
         "budget_minutes_per_model": minutes,
         "jobs": jobs,
         "threads_per_model": threads_per_job(jobs),
+        "schedule_fraction": experiment.schedule_fraction,
         "overrides": experiment.overrides,
         "eval": vars(experiment.eval),
         "models": rows,

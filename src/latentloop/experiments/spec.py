@@ -16,6 +16,11 @@ from latentloop.errors import UsageError
 from latentloop.paths import EXPERIMENTS_DIR  # shipped in the package: configs/experiments/
 
 DEFAULT_EXPERIMENT = "default"
+# The machine the shipped experiments' expected minutes (``expected_minutes``, and each model's
+# ``reference_minutes``) were measured on. Their numbers do not depend on it: every schedule is fixed.
+REFERENCE_MACHINE = (
+    "2 cores of an AMD EPYC server CPU with AVX-512 and bf16 (AVX512_BF16), PyTorch 2.13.0 (CPU)"
+)
 KINDS = ("reasoners", "lm", "generation", "time-to-accuracy")
 # kind: time-to-accuracy: the metrics a target may name (percent), each first reached at some checkpoint.
 TARGET_METRICS = ("accuracy", "coverage")
@@ -28,6 +33,9 @@ class ModelSpec:
     name: str
     config: Path
     overrides: list[str] = field(default_factory=list)
+    # Its training minutes on the reference machine (REFERENCE_MACHINE), as the experiment runs it (side by
+    # side with others where jobs > 1): what this machine's measured pace is compared with.
+    reference_minutes: float | None = None
 
 
 @dataclass
@@ -62,18 +70,24 @@ class Experiment:
     name: str
     path: Path
     description: str
-    budget_minutes: float
     models: list[ModelSpec]
     eval: EvalSpec
     paper: dict[str, dict[str, float]]
     paper_note: str = ""
+    # Minutes of the whole run (training and evaluation) on the reference machine (REFERENCE_MACHINE)
     expected_minutes: float | None = None
+    # A wall-clock cap on each model's training, in minutes; None: every model trains its whole schedule.
+    # Shipped experiments set none: their numbers come from fixed schedules, the same on every machine.
+    budget_minutes: float | None = None
     # "lm": recurrent-depth LMs against depth; "generation": unconditional samples; "time-to-accuracy": every
     # checkpoint evaluated, against training minutes, examples seen and FLOPs
     kind: str = "reasoners"
     overrides: list[str] = field(default_factory=list)  # given for this run (see load_experiment)
     targets: dict[str, float] = field(default_factory=dict)  # kind: time-to-accuracy: metric -> percent
     jobs: int = 1  # models trained and evaluated at once, each in its own process on a share of the cores
+    # The share of every model's schedule trained (see latentloop.experiments.runner.scale_schedules): 1 is
+    # the experiment itself; less checks that its claims hold with a margin.
+    schedule_fraction: float = 1.0
 
 
 def available_experiments(folder: Path = EXPERIMENTS_DIR) -> list[str]:
@@ -197,7 +211,10 @@ def load_experiment(name_or_path: str, overrides: Sequence[str] = ()) -> Experim
         if not config.is_file():
             raise UsageError(f"{path}: models.{model}.config {config} does not exist")
         own = [str(o) for o in entry.get("overrides") or []]
-        specs.append(ModelSpec(str(model), config, [*own, *run_overrides]))
+        reference = entry.get("reference_minutes")
+        if reference is not None:
+            reference = positive_number(reference, f"{path}: models.{model}.reference_minutes")
+        specs.append(ModelSpec(str(model), config, [*own, *run_overrides], reference))
     raw_eval = data.get("eval") or {}
     known = {
         "samples",
@@ -249,7 +266,11 @@ def load_experiment(name_or_path: str, overrides: Sequence[str] = ()) -> Experim
         name=path.stem,
         path=path,
         description=str(data.get("description", "")).strip(),
-        budget_minutes=positive_number(data.get("budget_minutes", 10), f"{path}: budget_minutes"),
+        budget_minutes=(
+            None
+            if data.get("budget_minutes") is None
+            else positive_number(data["budget_minutes"], f"{path}: budget_minutes")
+        ),
         models=specs,
         eval=evaluation,
         paper={str(k): dict(v) for k, v in (data.get("paper") or {}).items()},
