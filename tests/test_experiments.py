@@ -1,4 +1,4 @@
-"""Experiments: train every model under one budget, evaluate alike, report; resume skips finished parts."""
+"""Experiments: train every model on its fixed schedule, evaluate alike, report; resume skips finished parts."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from latentloop.cli import main
 from latentloop.config import load_yaml
 from latentloop.errors import UsageError
 from latentloop.experiments import available_experiments, load_experiment
-from latentloop.experiments.report import format_flops, report_markdown
-from latentloop.experiments.runner import _check_run_configs, run_experiment
+from latentloop.experiments.report import format_flops, report_markdown, schedule_sentence
+from latentloop.experiments.runner import _check_run_configs, pace_line, planned_steps, run_experiment
 from latentloop.tasks import get_task
 from latentloop.train.run_config import build_reasoner_config, build_run_config
 from tests.tiny import TINY_LM, TINY_REASONER, tiny_run
@@ -27,7 +27,6 @@ def write_experiment(folder, **changes):
         (folder / f"{arch}.yaml").write_text(yaml.safe_dump(run))
     spec = {
         "description": "tiny",
-        "budget_minutes": 5,
         "models": {"gram": {"config": "gram.yaml"}, "trm": {"config": "trm.yaml"}},
         "eval": {"samples": 3, "steps": 2, "limit": 4},
         "paper": {"gram": {"accuracy": 99.7, "coverage": 90.3}},
@@ -144,6 +143,135 @@ def test_budget_is_split_between_models(tmp_path):
     )
     assert results["budget_minutes_per_model"] == 1.5
     assert results["models"]["trm"]["train"]["budget_minutes"] == 1.5
+    # A cap the models finish within leaves their schedules whole: the report is the reference result.
+    assert not results["models"]["trm"]["train"]["time_capped"]
+    assert "fixed schedules, the same on any machine: gram 3, trm 3 steps" in report_markdown(results)
+
+
+def test_without_a_cap_every_model_trains_its_whole_schedule_and_the_report_names_it(tmp_path):
+    experiment = load_experiment(str(write_experiment(tmp_path)))
+    assert experiment.budget_minutes is None
+    results = run_experiment(experiment, tmp_path / "out", progress=False, log=lambda _: None)
+    assert results["budget_minutes_per_model"] is None
+    for row in results["models"].values():
+        assert (row["train"]["planned_steps"], row["train"]["step"], row["train"]["time_capped"]) == (
+            3,
+            3,
+            False,
+        )
+    heading = (tmp_path / "out" / "report.md").read_text().split("\n")[4]
+    assert "fixed schedules, the same on any machine: gram 3, trm 3 steps" in heading
+    assert "budget" not in heading
+
+
+def test_a_report_made_under_a_time_cap_says_so_and_how_many_steps_ran(tmp_path):
+    experiment = load_experiment(str(write_experiment(tmp_path)))
+    results = run_experiment(
+        experiment, tmp_path / "out", budget_minutes=0.0002, progress=False, log=lambda _: None
+    )
+    for row in results["models"].values():
+        assert row["train"]["time_capped"] and row["train"]["step"] < row["train"]["planned_steps"] == 3
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert (
+        "time-capped at 0.0001 min per model: gram 0 of 3 planned steps, trm 0 of 3 planned steps" in report
+    )
+    assert "not the reference result" in report
+
+
+def _results_with(trained: dict, minutes=None) -> dict:
+    return {"budget_minutes_per_model": minutes, "models": {n: {"train": t} for n, t in trained.items()}}
+
+
+def test_the_schedule_sentence_of_fixed_capped_and_time_budgeted_results():
+    fixed = {"planned_steps": 6000, "step": 6000, "time_capped": False}
+    capped = {"planned_steps": 3300, "step": 1200, "time_capped": True}
+    assert (
+        schedule_sentence(
+            _results_with({"gram": fixed, "trm": {**capped, "step": 3300, "time_capped": False}})
+        )
+        == "fixed schedules, the same on any machine: gram 6,000, trm 3,300 steps"
+    )
+    assert schedule_sentence(_results_with({"gram": fixed, "trm": capped}, 10.5)) == (
+        "time-capped at 10.5 min per model: trm 1,200 of 3,300 planned steps "
+        "(not the reference result; planned: gram 6,000, trm 3,300 steps)"
+    )
+    # Results written when experiments trained for minutes record no planned schedule.
+    assert schedule_sentence(_results_with({"gram": {"step": 5244}}, 21.0)) == (
+        "training budget 21 min of wall-clock per model (a schedule fitted to the minutes)"
+    )
+
+
+def test_the_pace_line_compares_this_machine_with_the_reference_machine():
+    assert pace_line("gram", 1800.0, None, 25.0) == "gram: training takes about 30 min on this machine"
+    assert pace_line("gram", 1800.0, 15.0, 25.0) == (
+        "gram: training takes about 30 min on this machine, 15 on the reference machine (0.50x its speed); "
+        "the whole experiment about 50 min here (25 there)"
+    )
+    assert pace_line("lm", 600.0, 20.0, None) == (
+        "lm: training takes about 10 min on this machine, 20 on the reference machine (2.00x its speed)"
+    )
+
+
+# The schedule every shipped experiment trains, in steps (batches) per model. Pinned so that no experiment's
+# numbers depend on the speed of the machine again: a change of recipe changes this table on purpose.
+SHIPPED_SCHEDULES = {
+    "arc-agi-1": {"trm": 27, "gram": 49},
+    "default": {"gram": 5000, "trm": 2750},
+    "digits": {"gram": 790, "mdlm": 6500},
+    "graph-coloring8": {
+        "direct": 2000,
+        "looped": 600,
+        "hrm": 525,
+        "trm": 125,
+        "ar": 2000,
+        "mdlm": 2000,
+        "gram": 220,
+    },
+    "graph-coloring8-fast": {"gram": 5000, "trm": 2750, "direct": 52400, "looped": 9760, "hrm": 10270},
+    "lm-depth": {"core2-depth16": 8000},
+    "maze": {"direct": 1600, "trm": 360},
+    "nqueens8": {"direct": 2000, "looped": 345, "hrm": 305, "trm": 70, "ar": 1900, "mdlm": 2000, "gram": 120},
+    "nqueens8-fast": {
+        "gram": 7050,
+        "trm": 4400,
+        "ar": 10500,
+        "mdlm": 45000,
+        "direct": 48400,
+        "looped": 7600,
+        "hrm": 7270,
+    },
+    "nqueens8-gram-fast": {"seed-0": 7100, "seed-1": 7100},
+    "nqueens8-long": dict.fromkeys(["gram", "trm", "hrm", "looped", "direct", "ar", "mdlm"], 15400),
+    "nqueens8-time": {
+        "long-recipe": 1960,
+        "schedule": 1900,
+        "n_sup-4": 3800,
+        "curriculum": 3800,
+        "step-weights": 3800,
+        "fast-recipe": 9500,
+    },
+    "sudoku-scaling": {"trm": 230, "gram": 330},
+    "sudoku-time": {
+        "paper-recursion": 125,
+        "replace-halted": 120,
+        "curriculum": 825,
+        "step-weights": 815,
+        "schedule": 230,
+    },
+    "sudoku-unconditional": {"gram": 1350, "mdlm": 8480},
+}
+
+
+def test_every_shipped_experiment_trains_a_fixed_schedule_whatever_the_machine():
+    assert set(available_experiments()) == set(SHIPPED_SCHEDULES)
+    for name, schedule in SHIPPED_SCHEDULES.items():
+        experiment = load_experiment(name)
+        assert experiment.budget_minutes is None, name
+        assert planned_steps(experiment) == schedule, name
+        build = build_run_config if experiment.kind == "lm" else build_reasoner_config
+        for spec in experiment.models:
+            train = build(load_yaml(spec.config), spec.overrides).train
+            assert train.budget_minutes is None and not train.fit_steps, (name, spec.name)
 
 
 def test_a_worker_is_sent_sigterm_once_the_run_that_started_it_is_killed(tmp_path):
@@ -222,7 +350,7 @@ def test_shipped_experiments_load():
     for name in names:
         experiment = load_experiment(name)
         assert experiment.models and experiment.expected_minutes
-        _check_run_configs(experiment, experiment.budget_minutes)  # every model's config builds as it trains
+        _check_run_configs(experiment, None)  # every model's config builds as it trains
 
 
 def test_lm_depth_tiers_beyond_training_are_longer_than_every_word_trained_and_the_others_are_not():
@@ -240,12 +368,11 @@ def test_lm_depth_tiers_beyond_training_are_longer_than_every_word_trained_and_t
     assert {mean, 2 * mean} <= set(experiment.eval.depths)
 
 
-def test_a_schedule_fitted_to_the_budget_passes_the_check_before_training():
-    experiment = load_experiment("default")
-    assert all("train.fit_steps=true" in spec.overrides for spec in experiment.models)
-    _check_run_configs(experiment, 21.0)  # train.fit_steps is valid once the experiment's budget is set
+def test_a_schedule_fitted_to_a_users_cap_passes_the_check_before_training():
+    experiment = load_experiment("default", ["train.fit_steps=true"])
+    _check_run_configs(experiment, 21.0)  # train.fit_steps is valid once a time cap is set
     with pytest.raises(UsageError, match=r"fit_steps needs train\.budget_minutes"):
-        build_reasoner_config(load_yaml(experiment.models[0].config), experiment.models[0].overrides)
+        _check_run_configs(experiment, None)
 
 
 @pytest.mark.parametrize(
@@ -256,6 +383,11 @@ def test_a_schedule_fitted_to_the_budget_passes_the_check_before_training():
         (["run", "default", "--budget-minutes", "0"], "positive number"),
         (["run", "default", "--budget-minutes", "nan"], "positive number"),
         (["run", "default", "--jobs", "0"], "--jobs"),
+        (["run", "default", "--threads", "0"], "--threads"),
+        (["run", "default", "--threads", "-1"], "--threads"),
+        (["run", "default", "--schedule", "1.5"], "must be in (0, 1]"),
+        (["run", "default", "--schedule", "0"], "--schedule must be a positive number"),
+        (["run", "default", "--schedule", "abc"], "--schedule must be a positive number"),
         (["run", "seed=1"], "KEY=VALUE"),
         (["run", "default", "train.bogus=1"], "unknown config key 'train.bogus'"),
         (["run", "default", "model.dim=abc"], "model.dim"),
@@ -319,10 +451,16 @@ def test_run_rejects_unwritable_output_folder(tmp_path, capsys):
     assert err.startswith("error: cannot write to output folder") and "\n" not in err
 
 
-def test_run_lists_experiments(capsys):
+def test_run_lists_experiments_with_their_minutes_on_the_reference_machine(capsys):
+    from latentloop.experiments import REFERENCE_MACHINE
+
     assert main(["run", "--list"]) == 0
-    out = capsys.readouterr().out
-    assert "nqueens8" in out and "default" in out
+    captured = capsys.readouterr()
+    assert "nqueens8" in captured.out and "default" in captured.out
+    assert [line.split()[:2] for line in captured.out.splitlines() if line.startswith("default ")] == [
+        ["default", f"~{load_experiment('default').expected_minutes:g}"]
+    ]
+    assert captured.err.strip() == f"minutes on the reference machine: {REFERENCE_MACHINE}"
 
 
 def test_run_writes_the_results_file_section(tmp_path, capsys):
@@ -506,3 +644,44 @@ def test_arc_experiment_reports_pass_at_2(tmp_path):
     for row in results["models"].values():
         assert row["eval"]["metric"] == "pass@2" and row["eval"]["copies"] == 2 * row["eval"]["puzzles"]
     assert "accuracy is pass@2 over" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_run_threads_sets_the_threads_every_model_trains_on(tmp_path, capsys):
+    import torch
+
+    before = torch.get_num_threads()
+    out, report = tmp_path / "out", tmp_path / "RESULTS.md"
+    try:
+        args = [
+            "run",
+            str(write_experiment(tmp_path)),
+            "--out",
+            str(out),
+            "--threads",
+            "1",
+            "--report",
+            str(report),
+        ]
+        assert main(args) == 0
+    finally:
+        torch.set_num_threads(before)
+    results = json.loads((out / "results.json").read_text())
+    assert results["threads_per_model"] == 1
+    assert {row["train"]["torch_threads"] for row in results["models"].values()} == {1}
+    assert "--threads 1" in report.read_text()  # the command that reproduces the section
+
+
+def test_a_shortened_schedule_trains_that_share_of_every_models_steps_and_says_so(tmp_path, capsys):
+    path = write_experiment(
+        tmp_path, models={"gram": {"config": "gram.yaml", "overrides": ["train.steps=4"]}}
+    )
+    out = tmp_path / "out"
+    assert main(["run", str(path), "--out", str(out), "--schedule", "0.5"]) == 0
+    results = json.loads((out / "results.json").read_text())
+    train = results["models"]["gram"]["train"]
+    assert (train["planned_steps"], train["step"], results["schedule_fraction"]) == (2, 2, 0.5)
+    assert train["overrides"] == ["train.steps=4", "train.steps=2"]  # the experiment's own, then the share
+    assert (
+        "fixed schedules at 50% of the experiment's, the same on any machine: gram 2 steps"
+        in (out / "report.md").read_text()
+    )
