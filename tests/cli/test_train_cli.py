@@ -68,6 +68,18 @@ def test_non_interactive_runs_print_log_lines(config_file, tmp_path, capsys):
     assert "step      1  loss" in err and "tok/s" in err
 
 
+def test_train_says_how_long_its_schedule_takes_once_it_has_timed_its_first_steps(
+    config_file, tmp_path, capsys
+):
+    assert main(["train", "--config", str(config_file), "--out", str(tmp_path / "r"), "--steps", "40"]) == 0
+    lines = [line for line in capsys.readouterr().err.splitlines() if "take about" in line]
+    assert (
+        len(lines) == 1
+        and lines[0].startswith("the 40 steps take about ")
+        and lines[0].endswith(" min on this machine")
+    )
+
+
 @pytest.mark.parametrize(
     "args",
     [

@@ -51,6 +51,7 @@ def _train(
     progress: bool,
     log: Callable[[str], None] | None,
     stop_at: int | None = None,
+    on_pace: Callable[[float], None] | None = None,
 ) -> dict[str, Any]:
     from latentloop.families import family
     from latentloop.train.loop import train as run_training
@@ -58,7 +59,7 @@ def _train(
     extra = _budget_overrides(overrides, steps, budget_minutes)
     config = family(arch).build_config(config_data, extra, task=task, arch=arch)
     out_dir = Path(out) if out else Path("runs") / f"{config.task.name}-{config.arch}"
-    result = run_training(config, out_dir, progress=progress, log=log, stop_at=stop_at)
+    result = run_training(config, out_dir, progress=progress, log=log, stop_at=stop_at, on_pace=on_pace)
     return _summary(result)
 
 
@@ -117,6 +118,9 @@ def train(
     def log(line: str) -> None:
         typer.echo(line, err=True)
 
+    def announce(seconds: float) -> None:  # beside the progress bar, which shows no log lines
+        typer.echo(f"training takes about {seconds / 60:.1f} min on this machine", err=True)
+
     try:
         result = _train(
             arch,
@@ -129,6 +133,7 @@ def train(
             progress=interactive and not quiet,
             log=None if quiet or interactive else log,
             stop_at=stop_at,
+            on_pace=announce if interactive and not quiet else None,
         )
     except TrainingError as error:
         typer.echo(f"error: {error}", err=True)
