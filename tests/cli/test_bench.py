@@ -67,7 +67,7 @@ def test_a_real_benchmark_runs_and_writes_its_json(tmp_path, capsys):
 def test_a_benchmark_refuses_a_bad_argument_in_one_line(capsys):
     assert main(["bench", "reasoners", "--repeats", "many"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["error: argument --repeats: invalid int value: 'many' (see --help)"]
+    assert err == ["error: argument --repeats: expected a whole number, got 'many' (see --help)"]
 
 
 def test_gram_guidance_reports_every_hand_over_step_and_refuses_a_deterministic_run(tmp_path, capsys):
@@ -114,3 +114,17 @@ def test_the_parallel_sampler_benchmark_prompts_a_text_run_with_its_held_out_win
         early = generate(model, window[None, :6], exit="latent-diff:0.03", **settings).sequences[0, 6:]
         agreements.append(float((early == expected).float().mean()))
     assert report["sequential_latent_diff"]["token_agreement"] == sum(agreements) / 2
+
+
+def test_a_negative_or_zero_count_is_one_line_and_exit_2_for_every_script(capsys):
+    cases = [
+        (["reasoners", "--threads", "-1"], "argument --threads: must be at least 1, got -1"),
+        (["reasoners", "--threads", "0"], "argument --threads: must be at least 1, got 0"),
+        (["generation", "--repeats", "0"], "argument --repeats: must be at least 1, got 0"),
+        (["sampling", "--samples", "-3"], "argument --samples: must be at least 0, got -3"),
+        (["train_throughput", "--steps", "two"], "argument --steps: expected a whole number, got 'two'"),
+    ]
+    for args, message in cases:
+        assert main(["bench", *args]) == 2, args
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [f"error: {message} (see --help)"], args
