@@ -142,7 +142,8 @@ def apply_overrides(config: T, overrides: list[str]) -> T:
 
 
 def load_yaml(path: str | Path) -> dict[str, Any]:
-    """Read a YAML mapping with a one-line error on a missing or malformed file."""
+    """Read a YAML mapping with a one-line error on a missing, malformed or empty file (an empty config would
+    otherwise run every default silently)."""
     path = Path(path)
     try:
         text = path.read_text()
@@ -153,10 +154,22 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     except yaml.YAMLError as error:
         raise UsageError(f"config {path} is not valid YAML: {str(error).splitlines()[0]}") from None
     if data is None:
-        return {}
+        raise UsageError(f"config {path} is empty: it must hold a mapping of settings")
     if not isinstance(data, dict):
         raise UsageError(f"config {path} must hold a mapping at its top level")
     return data
+
+
+def check_repeated_keys(overrides: list[str]) -> None:
+    """A one-line error naming a key that ``key=value`` overrides given by a user set twice to different
+    values (``train.steps=1 train.steps=-5``): the later would win silently."""
+    seen: dict[str, str] = {}
+    for item in overrides:
+        key, _, value = item.partition("=")
+        key = key.strip()
+        if key in seen and seen[key] != value.strip():
+            raise UsageError(f"{key} is set twice, to {seen[key]} and to {value.strip()}: give it once")
+        seen[key] = value.strip()
 
 
 def save_yaml(config: Any, path: str | Path) -> None:

@@ -123,6 +123,31 @@ def test_a_config_file_that_is_not_a_mapping(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("text", ["", "\n# only a comment\n"])
+def test_an_empty_config_file_is_refused_rather_than_run_with_every_default(tmp_path, capsys, text):
+    config = tmp_path / "empty.yaml"
+    config.write_text(text)
+    assert "is empty: it must hold a mapping of settings" in _train(capsys, config, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--steps", "1", "train.steps=-5"], "train.steps is set twice, to -5 and to 1: give it once"),
+        (["train.lr=1e-3", "train.lr=2e-3"], "train.lr is set twice, to 1e-3 and to 2e-3: give it once"),
+        (["--steps", "-5"], "train.steps must not be negative, got -5"),
+        (["train.steps=-5"], "train.steps must not be negative, got -5"),
+    ],
+)
+def test_a_key_set_twice_or_a_negative_count_is_named_and_writes_nothing(
+    lm_config, tmp_path, capsys, extra, message
+):
+    out = tmp_path / "fresh"
+    assert message in _train(capsys, lm_config, out, *extra)
+    assert not out.exists()
+
+
 @pytest.mark.parametrize(
     "override",
     [

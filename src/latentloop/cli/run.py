@@ -73,8 +73,9 @@ def run_command(
 ) -> None:
     """Run an experiment: train its models on their fixed schedules, evaluate depth and width scaling, write a
     report (report.md, results.json, curves.png, boards.png). Running it again resumes and skips finished
-    parts. The numbers are the same on any machine; `--list` gives each experiment's minutes on the reference
-    machine, and the run says how long it will take on this one once it has timed its first batches."""
+    parts. The schedules, and so the numbers, do not depend on the machine's speed; `--list` gives each
+    experiment's minutes on the reference machine, and the run says how long it will take on this one once it
+    has timed its first batches."""
     from latentloop.experiments import (
         DEFAULT_EXPERIMENT,
         available_experiments,
@@ -101,6 +102,9 @@ def run_command(
     overrides = list(overrides or [])
     if experiment is not None and "=" in experiment:  # `latentloop run train.seed=1`: the default experiment
         experiment, overrides = None, [experiment, *overrides]
+    from latentloop.config import check_repeated_keys
+
+    check_repeated_keys(overrides)
     spec = load_experiment(experiment or DEFAULT_EXPERIMENT, overrides)
     if jobs is not None:
         spec.jobs = jobs

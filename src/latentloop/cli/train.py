@@ -11,16 +11,19 @@ from typing import Any
 import typer
 
 from latentloop.cli.app import REVISION, TEMPERATURE, app, data_app  # noqa: F401
+from latentloop.config import check_repeated_keys
 from latentloop.errors import UsageError
 
 
 def _budget_overrides(overrides: list[str], steps: int | None, budget_minutes: float | None) -> list[str]:
-    """``--steps`` and ``--budget-minutes`` as ``train.*`` overrides after the user's own."""
+    """``--steps`` and ``--budget-minutes`` as ``train.*`` overrides after the user's own; a key the user gave
+    twice, or both as an option and as ``key=value``, with different values is a one-line error."""
     extra = list(overrides)
     if steps is not None:
         extra.append(f"train.steps={steps}")
     if budget_minutes is not None:
         extra.append(f"train.budget_minutes={budget_minutes}")
+    check_repeated_keys(extra)
     return extra
 
 
