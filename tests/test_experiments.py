@@ -386,6 +386,7 @@ def test_a_schedule_fitted_to_a_users_cap_passes_the_check_before_training():
         (["run", "default", "--threads", "0"], "--threads"),
         (["run", "default", "--threads", "-1"], "--threads"),
         (["run", "default", "--schedule", "1.5"], "must be in (0, 1]"),
+        (["run", "default", "train.seed=1", "train.seed=2"], "train.seed is set twice, to 1 and to 2"),
         (["run", "default", "--schedule", "0"], "--schedule must be a positive number"),
         (["run", "default", "--schedule", "abc"], "--schedule must be a positive number"),
         (["run", "seed=1"], "KEY=VALUE"),
@@ -669,6 +670,15 @@ def test_run_threads_sets_the_threads_every_model_trains_on(tmp_path, capsys):
     assert results["threads_per_model"] == 1
     assert {row["train"]["torch_threads"] for row in results["models"].values()} == {1}
     assert "--threads 1" in report.read_text()  # the command that reproduces the section
+
+
+def test_a_shortened_schedule_shortens_the_reference_machines_minutes_with_it():
+    from latentloop.experiments.runner import scale_schedules
+
+    experiment = scale_schedules(load_experiment("default"), 0.5)
+    assert planned_steps(experiment) == {"gram": 2500, "trm": 1375}
+    assert [spec.reference_minutes for spec in experiment.models] == [8.8, 7.8]
+    assert experiment.expected_minutes is None and experiment.schedule_fraction == 0.5
 
 
 def test_a_shortened_schedule_trains_that_share_of_every_models_steps_and_says_so(tmp_path, capsys):

@@ -11,7 +11,7 @@ An experiment is a YAML file in ``configs/experiments/``::
     paper: {gram: {accuracy: 99.7, coverage: 90.3}}   # the paper's numbers, shown beside ours
 
 Every model trains the fixed schedule its config and overrides give (``train.steps``), never "as many steps as
-fit in N minutes", so a run's numbers are the same on any machine; only its duration differs.
+fit in N minutes", so a run's numbers do not depend on the machine's speed; only its duration does.
 ``expected_minutes`` is the whole run's duration on the reference machine (:data:`REFERENCE_MACHINE`) and a
 model's ``reference_minutes`` its training there: ``latentloop run`` times each model's first batches and says
 how long it will take on this machine. An explicit ``budget_minutes`` (or ``latentloop run --budget-minutes``)

@@ -101,20 +101,25 @@ def _trained_specs(experiment: Experiment) -> list[ModelSpec]:
     return [dataclasses.replace(spec, overrides=[*spec.overrides, *extra]) for spec in experiment.models]
 
 
+def _run_config(spec: ModelSpec, lm: bool, extra: list[str] | None = None) -> Any:
+    """A model's run config (a recurrent-depth LM's with ``lm``, else a reasoner's) with its overrides, then
+    ``extra`` ones."""
+    build = build_run_config if lm else build_reasoner_config
+    return build(load_yaml(spec.config), [*spec.overrides, *(extra or [])])
+
+
 def planned_steps(experiment: Experiment) -> dict[str, int]:
     """The schedule each model of ``experiment`` trains, in steps (batches), as its run config and overrides
     fix it: what the experiment's numbers come from on any machine, unless a time cap stops a model sooner."""
-    build = build_run_config if experiment.kind == "lm" else build_reasoner_config
-    return {
-        spec.name: build(load_yaml(spec.config), spec.overrides).train.steps
-        for spec in _trained_specs(experiment)
-    }
+    lm = experiment.kind == "lm"
+    return {spec.name: _run_config(spec, lm).train.steps for spec in _trained_specs(experiment)}
 
 
 def scale_schedules(experiment: Experiment, fraction: float) -> Experiment:
     """``experiment`` with every model's schedule shortened to ``fraction`` (in (0, 1]) of its steps, rounded
-    (``train.steps`` added to its overrides, so its run and its ``train.json`` record it): the same recipes on
-    a shorter fixed schedule, to measure the margin by which a result holds."""
+    (``train.steps`` added to its overrides, so its run and its ``train.json`` record it), and its training
+    minutes on the reference machine with it: the same recipes on a shorter fixed schedule, to measure the
+    margin by which a result holds."""
     if not 0 < fraction <= 1:
         raise UsageError(f"the schedule fraction (--schedule) must be in (0, 1], got {fraction:g}")
     if fraction == 1:
@@ -122,11 +127,15 @@ def scale_schedules(experiment: Experiment, fraction: float) -> Experiment:
     steps = planned_steps(experiment)
     models = [
         dataclasses.replace(
-            spec, overrides=[*spec.overrides, f"train.steps={max(1, round(fraction * steps[spec.name]))}"]
+            spec,
+            overrides=[*spec.overrides, f"train.steps={max(1, round(fraction * steps[spec.name]))}"],
+            reference_minutes=None if spec.reference_minutes is None else fraction * spec.reference_minutes,
         )
         for spec in experiment.models
     ]
-    return dataclasses.replace(experiment, models=models, schedule_fraction=fraction)
+    # The reference machine's training minutes shrink with the schedule; the whole run's (evaluation
+    # included) are not known.
+    return dataclasses.replace(experiment, models=models, schedule_fraction=fraction, expected_minutes=None)
 
 
 def _budget_overrides(minutes: float | None) -> list[str]:
@@ -137,9 +146,8 @@ def _budget_overrides(minutes: float | None) -> list[str]:
 def _check_run_configs(experiment: Experiment, minutes: float | None) -> None:
     """Build every model's run config with its overrides and the time cap it trains under (as
     :func:`_train_model` does), so that a bad key or value stops the experiment before any model trains."""
-    build = build_run_config if experiment.kind == "lm" else build_reasoner_config
     for spec in _trained_specs(experiment):
-        build(load_yaml(spec.config), [*spec.overrides, *_budget_overrides(minutes)])
+        _run_config(spec, experiment.kind == "lm", _budget_overrides(minutes))
 
 
 def pace_line(
@@ -185,9 +193,7 @@ def _train_model(
     if done is not None and done.get("budget_minutes") == minutes:
         log(f"{spec.name}: trained already ({done['step']} steps), skipping")
         return {**done, "config": config_name}
-    overrides = [*spec.overrides, *_budget_overrides(minutes)]
-    build = build_run_config if lm else build_reasoner_config
-    config = build(load_yaml(spec.config), overrides)
+    config = _run_config(spec, lm, _budget_overrides(minutes))
     planned = config.train.steps
     cap = "" if minutes is None else f", capped at {minutes:g} min"
     log(f"{spec.name}: training {planned} steps{cap} in {folder}")
@@ -697,8 +703,8 @@ def run_experiment(
 ) -> dict[str, Any]:
     """Train and evaluate every model of ``experiment`` into ``out``; returns the results (also written).
 
-    Every model trains its config's fixed schedule (``train.steps``), so the results are the same on any
-    machine. ``budget_minutes`` caps the training time of the whole experiment, split equally between its
+    Every model trains its config's fixed schedule (``train.steps``), so the results do not depend on the
+    machine's speed. ``budget_minutes`` caps the training time of the whole experiment, split equally between its
     models (by default the experiment's own ``budget_minutes`` per model, if it sets one): a model the cap stops
     is reported as time-capped, N of its M planned steps. For ``kind: time-to-accuracy`` every model
     keeps a checkpoint every ``eval.every`` batches, each of which is evaluated (resumably, see
