@@ -178,6 +178,22 @@ def test_a_report_made_under_a_time_cap_says_so_and_how_many_steps_ran(tmp_path)
     assert "not the reference result" in report
 
 
+def test_a_schedule_fitted_to_a_time_cap_is_reported_as_time_capped(tmp_path, monkeypatch):
+    from latentloop.train import loop
+
+    monkeypatch.setattr(loop, "FIT_SHARE", 0.0)  # fit after timing steps 10 to 15
+    monkeypatch.setattr(loop, "FIT_MIN_STEPS", 5)
+    experiment = load_experiment(
+        str(write_experiment(tmp_path)), ["train.steps=100000", "train.fit_steps=true"]
+    )
+    results = run_experiment(
+        experiment, tmp_path / "out", budget_minutes=0.2, progress=False, log=lambda _: None
+    )
+    for row in results["models"].values():
+        assert row["train"]["time_capped"] and row["train"]["step"] < row["train"]["planned_steps"] == 100000
+    assert "time-capped at 0.1 min per model" in (tmp_path / "out" / "report.md").read_text()
+
+
 def _results_with(trained: dict, minutes=None) -> dict:
     return {"budget_minutes_per_model": minutes, "models": {n: {"train": t} for n, t in trained.items()}}
 

@@ -220,7 +220,8 @@ def _train_model(
         "planned_steps": planned,
         "step": result.step,
         "stopped": result.stopped,
-        "time_capped": result.stopped == "budget",
+        # Stopped by the cap, or its schedule fitted to the cap (train.fit_steps): fewer steps than planned
+        "time_capped": minutes is not None and result.step < planned,
         **seen,
         "train_minutes": round(result.elapsed_s / 60, 2),
         "torch_threads": torch.get_num_threads(),
