@@ -686,6 +686,8 @@ def test_run_threads_sets_the_threads_every_model_trains_on(tmp_path, capsys):
     assert results["threads_per_model"] == 1
     assert {row["train"]["torch_threads"] for row in results["models"].values()} == {1}
     assert "--threads 1" in report.read_text()  # the command that reproduces the section
+    # The threads per model decide the float rounding: the heading says how many.
+    assert "(1 thread per model)" in (out / "report.md").read_text()
 
 
 def test_a_shortened_schedule_shortens_the_reference_machines_minutes_with_it():

@@ -159,7 +159,12 @@ def _report_heading(results: dict[str, Any], details: str, command: str | None) 
     """The lines every report starts with: title, description, where and how it was measured, the command."""
     machine_ = results["machine"]
     jobs, threads = results.get("jobs", 1), results.get("threads_per_model")
-    together = f" ({jobs} models at a time, {threads} thread{'s' * (threads > 1)} each)" if jobs > 1 else ""
+    # The threads per model decide the float rounding, so a rerun matches bit for bit only with as many.
+    together = ""
+    if threads and jobs > 1:
+        together = f" ({jobs} models at a time, {threads} thread{'s' * (threads > 1)} each)"
+    elif threads:
+        together = f" ({threads} thread{'s' * (threads > 1)} per model)"
     cpu = f"{machine_['cpu']}, " if machine_.get("cpu") else ""
     lines = [
         f"## {results['experiment']}",
