@@ -78,14 +78,13 @@ def run_command(
     has timed its first batches."""
     from latentloop.experiments import (
         DEFAULT_EXPERIMENT,
+        REFERENCE_MACHINE,
         available_experiments,
         load_experiment,
         positive_number,
     )
 
     if list_only:
-        from latentloop.experiments import REFERENCE_MACHINE
-
         names = available_experiments()
         width = max(map(len, names), default=0)
         typer.echo(f"minutes on the reference machine: {REFERENCE_MACHINE}", err=True)

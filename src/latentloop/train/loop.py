@@ -247,9 +247,10 @@ def train(
                 window_time += time.perf_counter() - tick
                 rate = window_seen / max(window_time, 1e-9)
                 pace.observe(step, objective.flops)
-                left = pace.seconds_left(
-                    objective.schedule_flops(tc.steps, step, objective.flops), objective.flops
-                )
+                left = None  # priced only where the bar shows it or the estimate is announced
+                if bar.enabled or pace.ready(step):
+                    planned = objective.schedule_flops(tc.steps, step, objective.flops)
+                    left = pace.seconds_left(planned, objective.flops)
                 if pace.ready(step) and left is not None:
                     expected = time.perf_counter() - started + left
                     if on_pace is not None:

@@ -156,9 +156,10 @@ class ProgressBar:
         as :class:`Pace` measures it; without it, the remaining steps at this run's average pace."""
         now = time.perf_counter()
         done = step - self.first_step
-        by_steps = (self.total - step) * (now - self.first_time) / done if done > 0 else math.inf
         if schedule_left is not None:
             by_steps = schedule_left
+        else:
+            by_steps = (self.total - step) * (now - self.first_time) / done if done > 0 else math.inf
         return max(0.0, min(by_steps, self.budget_s - (now - self.started)))
 
     def update(
