@@ -17,6 +17,7 @@ import torch
 import yaml
 from safetensors import safe_open
 
+import latentloop.hub
 from latentloop.cli import main
 from latentloop.errors import UsageError
 from latentloop.hub import CARD_FILE, is_repo_id, resolve_model
@@ -314,9 +315,7 @@ class FakeApi:
 
 
 def test_push_to_hub_uploads_the_saved_folder_with_a_card_naming_the_repo(monkeypatch):
-    import huggingface_hub
-
-    monkeypatch.setattr(huggingface_hub, "HfApi", FakeApi)
+    monkeypatch.setattr(latentloop.hub, "HfApi", FakeApi)
     FakeApi.calls, FakeApi.uploaded, FakeApi.fail = [], {}, False
     torch.manual_seed(0)
     url = RecurrentDepthLM(tiny_config()).push_to_hub("me/tiny", private=True, token="t")

@@ -11,7 +11,7 @@ and the revision.
 
 The snapshot folder is the repository as it was pushed, so a checkpoint folder (``config.json`` and
 ``model.safetensors``) and a whole run folder (``config.yaml``, ``checkpoints/step_*/``) both resolve as they do
-on disk. ``huggingface_hub`` is imported only when a Hub id is actually used.
+on disk.
 """
 
 from __future__ import annotations
@@ -21,6 +21,16 @@ import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+from huggingface_hub import HfApi, constants, snapshot_download
+from huggingface_hub.utils import (
+    GatedRepoError,
+    HfHubHTTPError,
+    HFValidationError,
+    LocalEntryNotFoundError,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+)
 
 from latentloop.errors import UsageError
 from latentloop.io import atomic_write_text
@@ -73,8 +83,6 @@ def resolve_model(
 
 
 def _cache_root(cache_dir: str | Path | None) -> Path:
-    from huggingface_hub import constants
-
     return Path(cache_dir) if cache_dir is not None else Path(constants.HF_HUB_CACHE)
 
 
@@ -86,16 +94,6 @@ def _first_line(error: BaseException) -> str:
 def _snapshot(
     repo_id: str, revision: str | None, cache_dir: str | Path | None, token: str | bool | None
 ) -> Path:
-    from huggingface_hub import constants, snapshot_download
-    from huggingface_hub.utils import (
-        GatedRepoError,
-        HfHubHTTPError,
-        HFValidationError,
-        LocalEntryNotFoundError,
-        RepositoryNotFoundError,
-        RevisionNotFoundError,
-    )
-
     name = describe(repo_id, revision)
     cache = _cache_root(cache_dir)
     try:
@@ -291,7 +289,6 @@ def push_folder(
     ``repo_id`` (created when missing) with ``huggingface_hub``'s ``upload_folder``; returns the commit's URL."""
     if not is_repo_id(repo_id):
         raise UsageError(f"{repo_id!r} is not a Hub model id of the form org/name")
-    from huggingface_hub import HfApi
 
     with tempfile.TemporaryDirectory(prefix="latentloop-push-") as temp:
         folder = Path(temp) / "model"

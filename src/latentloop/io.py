@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import tempfile
 from collections.abc import Iterator
@@ -54,8 +55,6 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
 
 def emit_json_report(report: object, output: str | Path | None, indent: int = 1) -> None:
     """Print ``report`` as JSON and, when ``output`` is given, write the same text there atomically."""
-    import json
-
     text = json.dumps(report, indent=indent)
     print(text)
     if output:

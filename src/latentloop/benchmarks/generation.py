@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from latentloop.data.tokenizers import load_tokenizer
 from latentloop.errors import ArgumentParser, UsageError
 from latentloop.io import emit_json_report
 from latentloop.models.generation import GenerationOutput, generate
@@ -136,21 +137,14 @@ def random_model(args: argparse.Namespace, block_size: int) -> RecurrentDepthLM:
 
 
 def encode_prompt(text: str, model_dir: Path, vocab_size: int) -> tuple[list[int], Any, str]:
-    """Token ids for ``text``, the tokenizer (or ``None``) and its description.
+    """Token ids for ``text``, the tokenizer and its description.
 
-    Uses ``latentloop.data.tokenizers.load_tokenizer``: the checkpoint's ``tokenizer.json`` when the folder has
-    one, else the byte tokenizer. Without that module, raw UTF-8 byte ids.
+    The checkpoint's ``tokenizer.json`` when the folder has one, else the byte tokenizer.
     """
-    try:
-        from latentloop.data.tokenizers import load_tokenizer
-    except ImportError:
-        tokenizer, name = None, "raw-utf8-bytes"
-        ids = list(text.encode("utf-8"))
-    else:
-        spec = model_dir if (model_dir / "tokenizer.json").is_file() else "byte"
-        tokenizer = load_tokenizer(spec)
-        name = f"latentloop.data.tokenizers.{type(tokenizer).__name__}"
-        ids = [int(i) for i in tokenizer.encode(text)]
+    spec = model_dir if (model_dir / "tokenizer.json").is_file() else "byte"
+    tokenizer = load_tokenizer(spec)
+    name = f"latentloop.data.tokenizers.{type(tokenizer).__name__}"
+    ids = [int(i) for i in tokenizer.encode(text)]
     if ids and max(ids) >= vocab_size:
         raise UsageError(f"the prompt has token id {max(ids)}, beyond the model's vocab_size {vocab_size}")
     return ids, tokenizer, name
@@ -412,8 +406,7 @@ def bench_exit(
             "speedup_vs_fixed": median([e / f for e, f in zip(tps[spec], tps["fixed"], strict=True)]),
             **agreement(fixed.sequences, out.sequences, prompt.shape[1]),
         }
-    if tokenizer is not None:
-        result["fixed_depth"]["text"] = tokenizer.decode(result["fixed_depth"]["new_token_ids"])
+    result["fixed_depth"]["text"] = tokenizer.decode(result["fixed_depth"]["new_token_ids"])
     return result
 
 

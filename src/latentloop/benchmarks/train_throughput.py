@@ -21,8 +21,9 @@ import platform
 import time
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 
-from latentloop.config import load_yaml
+from latentloop.config import from_dict, load_yaml
 from latentloop.errors import ArgumentParser
 from latentloop.models.recurrent_depth import RecurrentDepthConfig, RecurrentDepthLM
 from latentloop.paths import CONFIGS_DIR
@@ -71,7 +72,6 @@ def main() -> None:
     args = parser.parse_args()
 
     data = load_yaml(args.config)
-    from latentloop.config import from_dict
 
     model_data = dict(data.get("model", {}))
     if args.n_embd:
@@ -132,8 +132,6 @@ def main() -> None:
         "mfu": round(achieved / peak, 4),
     }
     if args.profile:
-        from torch.profiler import ProfilerActivity, profile
-
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             step()
         events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)

@@ -19,6 +19,8 @@ import json
 from abc import ABC, abstractmethod
 from pathlib import Path
 
+from tokenizers import Tokenizer as _HF
+
 from latentloop.errors import UsageError
 
 
@@ -73,8 +75,6 @@ class HFTokenizer(Tokenizer):
     """
 
     def __init__(self, path: str | Path, eos_token: str | None = None) -> None:
-        from tokenizers import Tokenizer as _HF
-
         path = Path(path)
         if path.is_dir():
             path = path / "tokenizer.json"

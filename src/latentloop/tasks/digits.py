@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from sklearn.datasets import load_digits
 
 from latentloop.errors import UsageError
 from latentloop.tasks.base import Task
@@ -62,10 +63,9 @@ def _find(folder: Path, stem: str) -> Path | None:
 
 @functools.lru_cache(maxsize=4)
 def load_images(path: str | None, seed: int = 0) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """``{"train": (images [N, H, W] in 0..1, labels [N]), "test": ...}`` from sklearn or a local file."""
+    """``{"train": (images [N, H, W] in 0..1, labels [N]), "test": ...}`` from a local file, or else from
+    scikit-learn's bundled 8x8 digits (no download)."""
     if path is None:
-        from sklearn.datasets import load_digits  # a bundled file, no download
-
         bunch = load_digits()
         return _split(bunch.images / 16.0, bunch.target, seed)
     source = Path(path)

@@ -32,6 +32,16 @@ from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
+from torch.nn.parallel import DistributedDataParallel
 
 from latentloop.errors import UsageError
 
@@ -169,8 +179,6 @@ def wrap(model: torch.nn.Module, ctx: DistContext, device: str) -> torch.nn.Modu
     """
     if not ctx.enabled:
         return model
-    from torch.nn.parallel import DistributedDataParallel
-
     device_ids = [torch.device(device).index] if device.startswith("cuda") else None
     return DistributedDataParallel(model, device_ids=device_ids)
 
@@ -189,8 +197,6 @@ def fully_shard_model(
     """
     if not ctx.enabled:
         return model
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
 
     if device.startswith("cuda"):
         # The mesh communicates on the current device, which a caller-made process group may not have set.
@@ -205,14 +211,10 @@ def fully_shard_model(
 def full_value(tensor: torch.Tensor) -> torch.Tensor:
     """A plain tensor for a (possibly distributed) result such as a sharded model's gradient norm, which
     :func:`torch.nn.utils.clip_grad_norm_` returns as a replicated DTensor of the global norm."""
-    from torch.distributed.tensor import DTensor
-
     return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
 
 
 def _full_options() -> Any:
-    from torch.distributed.checkpoint.state_dict import StateDictOptions
-
     return StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
@@ -226,8 +228,6 @@ def gather_full_state(
     form of ``optimizer.state_dict()`` of the same optimizer over the unsharded model (parameters numbered in
     optimizer order), which is what single-process and DDP checkpoints hold.
     """
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
-
     model_state = get_model_state_dict(model, options=_full_options())
     if not optimizer.state:
         # Before the first step there is nothing to gather, and the gathering call would create the state by
@@ -259,8 +259,6 @@ def load_full_optimizer_state(
         # sharded loader would first create one with a zero-gradient step.
         optimizer.load_state_dict(state)
         return
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-
     names = {id(param): name for name, param in model.named_parameters()}
     order = [names[id(param)] for group in optimizer.param_groups for param in group["params"]]
     if len(order) != sum(len(group["params"]) for group in state["param_groups"]):
