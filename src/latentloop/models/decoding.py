@@ -1,0 +1,434 @@
+"""Decoding strategies for the recurrent-depth LM: how :func:`~latentloop.models.generation.generate` turns a
+prompt into new tokens once its settings are checked.
+
+- :class:`SequentialDecoding`: the prompt is prefilled at full depth in one pass; each new token then runs the
+  prelude once, the core one iteration at a time (so a row can stop early at the exit criterion) and the coda
+  once. KV-cache sharing, continuous chain of thought and compiled steps live here.
+- :class:`SpeculativeDecoding`: self-speculative decoding, drafting at a shallow depth and verifying at full depth.
+- :class:`ParallelDecoding`: the diffusion-style parallel sampler of :mod:`latentloop.models.parallel_sampler`.
+
+With ``compile=True`` the three pieces of a new token run as ``torch.compile`` graphs. At batch 1 on a CPU,
+eager decoding spends about half its time dispatching small kernels (norms, rotations, residuals) around the
+matrix-vector products; a compiled graph fuses them. The graphs see only fixed shapes (the cache is sized for
+the whole call, to a power of two, and attention masks what is not yet written; see
+:class:`~latentloop.models.kv_cache.DecodeSlots`), so one compilation serves every token, iteration and cache
+slot of every later call of that size.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+
+from latentloop.errors import UsageError
+from latentloop.models.exit_criteria import ExitCriterion
+from latentloop.models.kv_cache import DecodeSlots, RecurrentKVCache
+from latentloop.models.parallel_sampler import parallel_generate
+
+if TYPE_CHECKING:  # annotations only: generation imports this module, recurrent_depth imports generation
+    from latentloop.models.generation import GenerationConfig
+    from latentloop.models.recurrent_depth import RecurrentDepthLM, StepContext
+
+# Picks a token from each row of logits [B, V]: greedy or sampled, as the config says.
+Choose = Callable[[torch.Tensor], torch.Tensor]
+
+
+@dataclass
+class GenerationOutput:
+    """``sequences`` [B, T0 + n]; ``steps`` [B, n] core iterations spent on each new token;
+    ``trajectories`` (on request) one tensor [iterations, B, h] per new token: the state after each iteration.
+    With ``num_samples=K > 1``: ``sequences`` holds each prompt's voted continuation, ``samples`` [B, K, T0 + n]
+    every trajectory's and ``votes`` [B] how many trajectories gave the chosen one. ``logits`` (on request)
+    [B, n, V]: the fp32 logits each new token was chosen from."""
+
+    sequences: torch.Tensor
+    steps: torch.Tensor
+    seconds: float
+    trajectories: list[torch.Tensor] = field(default_factory=list)
+    samples: torch.Tensor | None = None
+    votes: torch.Tensor | None = None
+    sweeps: int | None = None  # the parallel sampler's wave sweeps
+    logits: torch.Tensor | None = None
+
+    @property
+    def new_tokens(self) -> int:
+        return self.steps.shape[1]
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens * self.sequences.shape[0] / max(self.seconds, 1e-9)
+
+    @property
+    def mean_steps(self) -> float:
+        return float(self.steps.float().mean()) if self.steps.numel() else 0.0
+
+
+class DecodingStrategy:
+    """One way of continuing a prompt under a checked :class:`~latentloop.models.generation.GenerationConfig`."""
+
+    def __init__(self, config: GenerationConfig) -> None:
+        self.config = config
+
+    def capacity(self, input_ids: torch.Tensor) -> int:
+        """Positions the sequence occupies at most: the prompt and every new token."""
+        return input_ids.shape[1] + self.config.max_new_tokens
+
+    def check(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, depth: int) -> None:
+        """Refuses, with a :class:`UsageError`, a prompt or depth this strategy cannot decode."""
+
+    def decode(
+        self,
+        model: RecurrentDepthLM,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        depth: int,
+        choose: Choose,
+    ) -> GenerationOutput:
+        """New tokens after ``input_ids`` [B, T0] at ``depth`` core iterations per token (in inference mode)."""
+        raise NotImplementedError
+
+
+def decoding_strategy(config: GenerationConfig) -> DecodingStrategy:
+    """Sequential decoding, unless the config asks for the parallel sampler or speculative decoding."""
+    if config.parallel is not None:
+        return ParallelDecoding(config)
+    if config.speculative is not None:
+        return SpeculativeDecoding(config)
+    return SequentialDecoding(config)
+
+
+class _Sequences:
+    """The growing sequences, their mask and the KV cache during one call."""
+
+    def __init__(
+        self,
+        model: RecurrentDepthLM,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        depth: int,
+        config: GenerationConfig,
+        capacity: int,
+    ) -> None:
+        self.model, self.depth, self.init_scale = model, depth, config.init_scale
+        self.device = model.transformer.wte.weight.device
+        self.ids = input_ids.to(self.device)
+        self.mask = None if attention_mask is None else attention_mask.to(self.device).long()
+        self.cache = None
+        if config.use_cache:
+            model_config, dtype = model.config, model.transformer.wte.weight.dtype
+            self.cache = RecurrentKVCache(
+                input_ids.shape[0],
+                model_config.n_heads,
+                model_config.head_dim,
+                capacity,
+                config.kv_share,
+                dtype,
+                self.device,
+            )
+
+    def full_forward(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Next-token logits [B, V] and the final state [B, 1, h] of the last position, at full depth over
+        whatever the cache does not hold yet (everything without a cache)."""
+        out = self.model(
+            self.ids,
+            num_steps=self.depth,
+            init_scale=self.init_scale,
+            attention_mask=self.mask,
+            cache=self.cache,
+        )
+        return out.logits[:, -1], out.latent_states[:, -1:]
+
+    def append(self, tokens: torch.Tensor) -> None:
+        self.ids = torch.cat([self.ids, tokens[:, None]], dim=1)
+        if self.mask is not None:
+            self.mask = torch.cat([self.mask, torch.ones_like(tokens)[:, None]], dim=1)
+
+
+class SequentialDecoding(DecodingStrategy):
+    """One token after another, each with up to ``depth`` core iterations of its own."""
+
+    def decode(
+        self,
+        model: RecurrentDepthLM,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        depth: int,
+        choose: Choose,
+    ) -> GenerationOutput:
+        config = self.config
+        capacity = self.capacity(input_ids)
+        if config.compile:
+            # Few distinct sizes, so few compilations; attention over the unwritten tail is masked.
+            capacity = min(model.config.block_size, max(64, 1 << (capacity - 1).bit_length()))
+        seq = _Sequences(model, input_ids, attention_mask, depth, config, capacity)
+        pieces = _CompiledPieces(seq) if config.compile else _EagerPieces(model)
+        criterion = config.criterion()
+        batch = seq.ids.shape[0]
+        stops = torch.tensor(list(config.stop_tokens or []), device=seq.device, dtype=torch.long)
+        finished = torch.zeros(batch, dtype=torch.bool, device=seq.device)
+        spent, trajectories, chosen_from = [], [], []
+        logits, state = seq.full_forward()
+        used = torch.full((batch,), depth, dtype=torch.long, device=seq.device)
+        for t in range(config.max_new_tokens):
+            token = choose(logits)
+            if config.return_logits:
+                chosen_from.append(logits.float())
+            token = torch.where(finished, torch.full_like(token, config.pad_token_id), token)
+            seq.append(token)
+            spent.append(used)
+            if stops.numel():
+                finished |= torch.isin(token, stops)
+            if bool(finished.all()) or t == config.max_new_tokens - 1:
+                break
+            if seq.cache is None:
+                logits, state = seq.full_forward()
+                continue
+            warm = (
+                state if config.continuous else None
+            )  # continuous thought: start from the last token's state
+            logits, state, used, trajectory = self._next_token(seq, pieces, token, criterion, warm)
+            if trajectory is not None:
+                trajectories.append(trajectory)
+        spent_tensor = torch.stack(spent, dim=1) if spent else torch.zeros(batch, 0, dtype=torch.long)
+        out = GenerationOutput(seq.ids, spent_tensor, 0.0, trajectories)
+        if config.return_logits:
+            out.logits = torch.stack(chosen_from, dim=1)
+        return out
+
+    def _next_token(
+        self,
+        seq: _Sequences,
+        pieces: _EagerPieces | _CompiledPieces,
+        token: torch.Tensor,
+        criterion: ExitCriterion | None,
+        warm_state: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """One new token through prelude, core (iteration by iteration, with optional exit) and coda: the next
+        logits [B, V], the final state, the iterations each row ran and (on request) the states on the way."""
+        model, cache, depth = seq.model, seq.cache, seq.depth
+        ctx = pieces.context(model.context(1, seq.mask, cache=cache), seq.mask)
+        embeds = pieces.embed(token[:, None], ctx)
+        state = model.initialize_state(embeds, seq.init_scale) if warm_state is None else warm_state
+        batch = token.shape[0]
+        used = torch.full((batch,), depth, dtype=torch.long, device=seq.device)
+        keep = self.config.return_trajectory
+        trajectory = []
+        if criterion is None:
+            for i in range(depth):
+                state = pieces.core(state, embeds, ctx, i)
+                if keep:
+                    trajectory.append(state[:, -1])
+        else:
+            criterion.reset()
+            cache.ensure_slots(model.config.n_layers_in_recurrent_block, depth)
+            active = torch.ones(batch, dtype=torch.bool, device=seq.device)
+            for i in range(depth):
+                ctx.rows = active
+                new_state = pieces.core(state, embeds, ctx, i)
+                state = torch.where(active[:, None, None], new_state, state)
+                if keep:
+                    trajectory.append(state[:, -1])
+                if i == depth - 1:
+                    break
+                logits = pieces.predict(state, ctx) if criterion.needs_logits else None
+                exited = criterion.check(state, logits) & active
+                if bool(exited.any()):
+                    used[exited] = i + 1
+                    # Later tokens attend to every iteration's slot: an exited row offers its deepest one there.
+                    cache.fill_skipped(exited, cache.length, i + 1)
+                    active &= ~exited
+                    if not bool(active.any()):
+                        break
+            ctx.rows = None
+        logits = pieces.predict(state, ctx)
+        cache.advance(1)
+        return logits[:, -1], state, used, (torch.stack(trajectory) if keep else None)
+
+
+class _EagerPieces:
+    """The pieces of a new token as the model's own methods."""
+
+    def __init__(self, model: RecurrentDepthLM) -> None:
+        self.model = model
+
+    def context(self, ctx: StepContext, mask: torch.Tensor | None) -> StepContext:
+        return ctx
+
+    def embed(self, tokens: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+        return self.model.embed(tokens, ctx)
+
+    def core(
+        self, state: torch.Tensor, embeds: torch.Tensor, ctx: StepContext, iteration: int
+    ) -> torch.Tensor:
+        return self.model.core_step(state, embeds, ctx, iteration)
+
+    def predict(self, state: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+        return self.model.predict(state, ctx)
+
+
+class _CompiledPieces:
+    """The pieces of a new token as compiled graphs over fixed-size views of the cache."""
+
+    def __init__(self, seq: _Sequences) -> None:
+        self.model, self.cache, self.device = seq.model, seq.cache, seq.device
+        self.graphs = _compiled_steps()
+        self.position = torch.zeros(1, dtype=torch.long, device=self.device)  # where a compiled step writes
+        self.slot_buffers: dict[int, DecodeSlots] = {}
+        self.views: dict[int, StepContext] = {}  # this token's contexts, by slot
+
+    def context(self, ctx: StepContext, mask: torch.Tensor | None) -> StepContext:
+        """``ctx`` with a mask over the whole cache (keys written so far and not padding); keeps the position
+        to write as a tensor."""
+        cache = self.cache
+        written = torch.arange(cache.capacity, device=self.device) <= cache.length
+        if mask is not None:
+            written = written & F.pad(mask.bool(), (0, cache.capacity - mask.shape[1]))
+        self.position.fill_(cache.length)
+        self.views = {}
+        return dataclasses.replace(ctx, mask=written.view(-1, 1, 1, cache.capacity))
+
+    def _slots(self, ctx: StepContext, iteration: int) -> StepContext:
+        """``ctx`` with the buffers of ``iteration``'s slot, built once per token and slot."""
+        slot = self.cache.slot(iteration)
+        if slot not in self.views:
+            if slot not in self.slot_buffers:  # the buffers stay put once the prefill allocated them
+                self.slot_buffers[slot] = DecodeSlots(self.cache, iteration, self.position)
+            # start = 0: the position travels as a tensor, so a compiled graph never specialises on it
+            self.views[slot] = dataclasses.replace(ctx, cache=self.slot_buffers[slot], start=0)
+        view = self.views[slot]
+        view.rows = ctx.rows
+        return view
+
+    def embed(self, tokens: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+        return self.graphs.embed(self.model, tokens, self._slots(ctx, 0))
+
+    def core(
+        self, state: torch.Tensor, embeds: torch.Tensor, ctx: StepContext, iteration: int
+    ) -> torch.Tensor:
+        return self.graphs.core(self.model, state, embeds, self._slots(ctx, iteration))
+
+    def predict(self, state: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+        return self.graphs.predict(self.model, state, self._slots(ctx, 0))
+
+
+def _embed_step(model: RecurrentDepthLM, tokens: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+    return model.embed(tokens, ctx)
+
+
+def _core_step(
+    model: RecurrentDepthLM, state: torch.Tensor, embeds: torch.Tensor, ctx: StepContext
+) -> torch.Tensor:
+    return model.core_step(state, embeds, ctx, 0)  # ctx.cache already holds this iteration's slot
+
+
+def _predict_step(model: RecurrentDepthLM, state: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+    return model.predict(state, ctx)
+
+
+@functools.cache
+def _compiled_steps() -> SimpleNamespace:
+    """The three pieces of a new token, each compiled once per process (graphs are cached by shape)."""
+    # cpp_wrapper: the graph's kernels are launched from C++, not from a Python wrapper (1.2-1.3x per token)
+    options = dict(fullgraph=True, dynamic=False, options={"cpp_wrapper": True})
+    return SimpleNamespace(
+        embed=torch.compile(_embed_step, **options),
+        core=torch.compile(_core_step, **options),
+        predict=torch.compile(_predict_step, **options),
+    )
+
+
+class SpeculativeDecoding(DecodingStrategy):
+    """Self-speculative decoding: draft ``draft_tokens`` tokens greedily at ``speculative`` core iterations,
+    verify them all in one full-depth pass, and keep the agreeing prefix plus the full model's own next token.
+    Every kept token is what the full model chooses."""
+
+    def capacity(self, input_ids: torch.Tensor) -> int:
+        return super().capacity(input_ids) + self.config.draft_tokens + 1  # a round may overshoot by a draft
+
+    def check(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, depth: int) -> None:
+        if self.config.speculative > depth:
+            raise UsageError(
+                f"speculative draft depth must be between 1 and num_steps ({depth}), got {self.config.speculative}"
+            )
+        if input_ids.shape[0] != 1:
+            raise UsageError("speculative decoding runs one sequence at a time (batch size 1)")
+        if attention_mask is not None and not bool(attention_mask.all()):
+            raise UsageError("speculative decoding takes an unpadded prompt")
+
+    def decode(
+        self,
+        model: RecurrentDepthLM,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        depth: int,
+        choose: Choose,
+    ) -> GenerationOutput:
+        config = self.config
+        max_new_tokens, init_scale = config.max_new_tokens, config.init_scale
+        seq = _Sequences(model, input_ids, attention_mask, depth, config, self.capacity(input_ids))
+        cache = seq.cache
+        stops = set(config.stop_tokens or [])
+        logits, _ = seq.full_forward()
+        pending = choose(logits)
+        produced: list[int] = []
+        while len(produced) < max_new_tokens:
+            committed = cache.length
+            drafts, token = [], pending
+            for _ in range(min(config.draft_tokens, max_new_tokens - len(produced) - 1)):
+                out = model(token[:, None], num_steps=config.speculative, init_scale=init_scale, cache=cache)
+                token = out.logits[:, -1].argmax(-1)
+                drafts.append(token)
+            cache.truncate(committed)
+            block = torch.stack([pending, *drafts], dim=1)
+            out = model(block, num_steps=depth, init_scale=init_scale, cache=cache)
+            targets = [choose(out.logits[:, j]) for j in range(block.shape[1])]
+            accepted = 0
+            while accepted < len(drafts) and int(drafts[accepted]) == int(targets[accepted]):
+                accepted += 1
+            new = [int(pending)] + [int(d) for d in drafts[:accepted]]
+            cache.truncate(committed + accepted + 1)
+            pending = targets[accepted]
+            produced += new[: max_new_tokens - len(produced)]
+            if stops & set(new):
+                produced = produced[: next(i for i, t in enumerate(produced) if t in stops) + 1]
+                break
+        new_tokens = torch.tensor([produced], dtype=torch.long, device=seq.device)
+        sequences = torch.cat([seq.ids, new_tokens], dim=1)
+        return GenerationOutput(sequences, torch.full((1, len(produced)), depth, dtype=torch.long), 0.0)
+
+
+class ParallelDecoding(DecodingStrategy):
+    """The parallel sampler: a wavefront of positions iterated together (see
+    :mod:`latentloop.models.parallel_sampler`)."""
+
+    def check(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, depth: int) -> None:
+        if attention_mask is not None:
+            raise UsageError("the parallel sampler does not combine with attention_mask")
+
+    def decode(
+        self,
+        model: RecurrentDepthLM,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        depth: int,
+        choose: Choose,
+    ) -> GenerationOutput:
+        config = self.config
+        sequences, steps, sweeps = parallel_generate(
+            model,
+            input_ids,
+            config.max_new_tokens,
+            depth,
+            config.init_scale,
+            config.parallel,
+            config.stop_tokens,
+            choose,
+        )
+        return GenerationOutput(sequences, steps, 0.0, sweeps=sweeps)
