@@ -11,6 +11,7 @@ from pathlib import Path
 import typer
 
 from latentloop.cli.app import app
+from latentloop.experiments.claims import has_dashboard, update_dashboard
 
 
 def update_results_file(path: Path, experiment: str, section: str) -> None:
@@ -68,6 +69,11 @@ def run_command(
         help="Train this fraction (0-1] of every model's schedule, e.g. 0.6: how much margin a result has.",
     ),
     list_only: bool = typer.Option(False, "--list", help="List the shipped experiments and exit."),
+    dashboard: str = typer.Option(
+        None,
+        "--dashboard",
+        help="Rewrite the claims dashboard of FILE.md (docs/RESULTS.md) from the committed results and exit.",
+    ),
     report: str = typer.Option(None, "--report", help="Also write this experiment's section into FILE.md."),
     json_output: bool = typer.Option(False, "--json", help="Print the results as JSON."),
 ) -> None:
@@ -94,6 +100,10 @@ def run_command(
             typer.echo(
                 f"{name:<{width}} {minutes:>9}  {spec.description.splitlines()[0] if spec.description else ''}"
             )
+        return
+    if dashboard:
+        changed = update_dashboard(Path(dashboard))
+        typer.echo(f"{'updated' if changed else 'unchanged'} {dashboard}")
         return
     budget = None
     if budget_minutes is not None:
@@ -137,6 +147,8 @@ def run_command(
             words += ["--schedule", schedule]
         command = " ".join(shlex.quote(w) for w in words)
         update_results_file(Path(report), spec.name, report_markdown(results, command))
+        if has_dashboard(Path(report)):
+            update_dashboard(Path(report))
     if json_output:
         typer.echo(json.dumps(results))
         return

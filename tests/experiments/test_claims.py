@@ -1,0 +1,296 @@
+"""The claims dashboard of ``docs/RESULTS.md``: generated from the committed results, in step with them, with
+statuses decided by each claim's rule and links that resolve."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from latentloop.cli import main
+from latentloop.cli.run import update_results_file
+from latentloop.experiments.claims import (
+    BEGIN,
+    CLAIMS,
+    END,
+    FAMILIES,
+    NOT,
+    NOT_TRIED,
+    PARTLY,
+    REPRODUCED,
+    STATUSES,
+    Claim,
+    Condition,
+    Measure,
+    Rule,
+    evaluate,
+    headings,
+    measure_value,
+    render_dashboard,
+    resolve,
+    split_block,
+    statuses,
+    update_dashboard,
+)
+from tests.test_experiments import write_experiment
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "docs" / "RESULTS.md"
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def _by_id(claim_id: str) -> Claim:
+    [claim] = [c for c in CLAIMS if c.id == claim_id]
+    return claim
+
+
+def _write(base: Path, relative: str, data: dict) -> None:
+    path = base / relative
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data))
+
+
+def _reasoners(**models: dict) -> dict:
+    """A results.json of a reasoners experiment with ``models``: name -> eval fields (fractions)."""
+    return {
+        "kind": "reasoners",
+        "budget_minutes_per_model": 30.0,
+        "models": {
+            name: {
+                "train": {"parameters": 180_000, "train_minutes": 30.0, "flops": 1e14, "step": 100},
+                "eval": {"accuracy_by_select": {"vote": fields.get("vote", 0.0)}, **fields},
+            }
+            for name, fields in models.items()
+        },
+    }
+
+
+# The committed dashboard ----------------------------------------------------------------------------------------
+
+
+def test_the_dashboard_is_regenerated_from_the_committed_results():
+    text = RESULTS.read_text()
+    _, block, _ = split_block(text)
+    assert block is not None, "docs/RESULTS.md has no claims block"
+    assert block == render_dashboard(text, RESULTS.parent), (
+        "the claims dashboard of docs/RESULTS.md is stale: run `latentloop run --dashboard docs/RESULTS.md`"
+    )
+
+
+def test_every_link_of_the_dashboard_resolves():
+    text = RESULTS.read_text()
+    _, block, _ = split_block(text)
+    assert block is not None
+    anchors = {slug for _, _, slug in headings(text)}
+    links = LINK.findall(block)
+    assert links
+    for target in links:
+        if target.startswith("#"):
+            assert target[1:] in anchors, target
+        else:
+            assert (RESULTS.parent / target).is_file(), target
+
+
+def test_every_section_is_in_the_contents_and_every_tried_claim_has_its_file():
+    text = RESULTS.read_text()
+    before, block, after = split_block(text)
+    contents = block.split("## Contents", 1)[1]
+    for level, title, slug in headings(before + after):
+        if level == 2:
+            assert f"[{title}](#{slug})" in contents
+    for claim in CLAIMS:
+        sources = {m.source or claim.source for m in claim.measures.values()} if claim.source else set()
+        assert all((RESULTS.parent / source).is_file() for source in sources), claim.id
+        assert claim.family in FAMILIES
+        assert (claim.source is None) == (claim.rule is None), claim.id
+
+
+def test_the_committed_statuses():
+    found = statuses(RESULTS.parent)
+    assert set(found.values()) <= set(STATUSES)
+    assert found["nq8-gram-vs-trm"] == REPRODUCED  # GRAM 98.0 / 97.4 against TRM 77.0 / 72.3
+    assert found["nq8-gram-vs-generative"] == NOT  # MDLM's 100% vote is above GRAM's 98%
+    assert found["gc8-gram-level"] == PARTLY  # coverage 87.3 but 17 conflicts against the paper's 2.7
+    assert found["unconditional-sudoku"] == NOT  # no valid board
+    assert found["arc-agi-1"] == NOT
+    assert found["nq10"] == NOT_TRIED
+
+
+# Status rules on hand-built results -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("gram", "trm", "status"),
+    [
+        ((0.99, 0.95), (0.70, 0.40), REPRODUCED),
+        ((0.99, 0.30), (0.70, 0.40), PARTLY),  # accuracy above, coverage below
+        ((0.60, 0.30), (0.70, 0.40), NOT),
+        ((0.70, 0.40), (0.70, 0.40), NOT),  # equal is not above
+    ],
+)
+def test_gram_against_trm_on_nqueens(tmp_path, gram, trm, status):
+    _write(
+        tmp_path,
+        "results/nqueens8-fast/results.json",
+        _reasoners(
+            gram={"vote": gram[0], "coverage": gram[1]},
+            trm={"vote": trm[0], "coverage": trm[1]},
+        ),
+    )
+    result = evaluate(_by_id("nq8-gram-vs-trm"), tmp_path)
+    assert result.status == status
+    assert result.figure == (
+        f"GRAM {100 * gram[0]:.1f} / {100 * gram[1]:.1f}, TRM {100 * trm[0]:.1f} / {100 * trm[1]:.1f}"
+    )
+
+
+@pytest.mark.parametrize(
+    ("gram", "status"),
+    [
+        ((2, 0.90), REPRODUCED),
+        ((7, 0.81), REPRODUCED),  # within 5 of the paper's 2.7 conflicts and 85.8 coverage
+        ((17, 0.873), PARTLY),
+        ((17, 0.50), NOT),
+    ],
+)
+def test_gram_at_the_papers_graph_colouring_level(tmp_path, gram, status):
+    conflicts, coverage = gram
+    _write(
+        tmp_path,
+        "results/default/results.json",
+        _reasoners(gram={"conflicts_total": conflicts, "coverage": coverage}),
+    )
+    assert evaluate(_by_id("gc8-gram-level"), tmp_path).status == status
+
+
+def test_every_deterministic_model_counts(tmp_path):
+    models = {m: {"coverage": 0.2, "vote": 0.5} for m in ("direct", "looped", "hrm", "trm")}
+    models |= {m: {"coverage": 0.9, "vote": 0.9} for m in ("ar", "mdlm", "gram")}
+    _write(tmp_path, "results/nqueens8-fast/results.json", _reasoners(**models))
+    claim = _by_id("nq8-generative-coverage")
+    assert evaluate(claim, tmp_path).status == REPRODUCED
+    models["looped"]["coverage"] = 0.95  # one deterministic model above the generative ones
+    _write(tmp_path, "results/nqueens8-fast/results.json", _reasoners(**models))
+    result = evaluate(claim, tmp_path)
+    assert result.status == NOT
+    assert result.values["det_max"] == pytest.approx(95.0)
+
+
+@pytest.mark.parametrize(("gram", "status"), [(1.0, REPRODUCED), (0.5, PARTLY), (0.0, NOT)])
+def test_unconditional_sudoku(tmp_path, gram, status):
+    data = {
+        "budget_minutes_per_model": 5.0,
+        "models": {
+            m: {"train": {"parameters": 1, "train_minutes": 5.0}, "eval": {"valid_fraction": gram}}
+            for m in ("gram", "mdlm")
+        },
+    }
+    _write(tmp_path, "results/sudoku-unconditional/results.json", data)
+    assert evaluate(_by_id("unconditional-sudoku"), tmp_path).status == status
+
+
+def test_a_tie_at_the_ceiling_is_partly(tmp_path):
+    _write(tmp_path, "results/sudoku-scaling/results.json", _reasoners(gram={"vote": 1.0}, trm={"vote": 1.0}))
+    assert evaluate(_by_id("sudoku-gram-vs-trm"), tmp_path).status == PARTLY
+
+
+def test_a_claim_without_a_results_file_is_not_tried(tmp_path):
+    assert evaluate(_by_id("nq8-gram-vs-trm"), tmp_path).status == NOT_TRIED  # its file is missing here
+    result = evaluate(_by_id("arc-agi-2"), tmp_path)  # no file named at all
+    assert (result.status, result.figure) == (NOT_TRIED, "no results file")
+
+
+def test_rules_and_conditions():
+    rule = Rule((Condition("a", ">", "b"), Condition("c", "<=", 3.0, 1.0)))
+    assert rule.status({"a": 2, "b": 1, "c": 4}) == REPRODUCED
+    assert rule.status({"a": 2, "b": 1, "c": 4.5}) == PARTLY
+    assert rule.status({"a": 1, "b": 1, "c": 5}) == NOT
+    assert rule.status({"a": None, "b": 1, "c": 9}) == NOT  # a missing value holds nothing
+    assert rule.text() == "reproduced if a > b and c ≤ 3 + 1; partly if some of these hold"
+    explicit = Rule((Condition("a", ">=", 5),), (Condition("a", ">=", 2),))
+    assert [explicit.status({"a": a}) for a in (6, 3, 1)] == [REPRODUCED, PARTLY, NOT]
+    assert Condition("a", ">=", "b", -5).text() == "a ≥ b − 5"
+
+
+def test_field_paths():
+    data = {
+        "models": {
+            "x": {"curve": [{"steps": 1, "acc": 0.25}, {"steps": 8, "acc": 0.75}], "ok": True},
+            "y": {"curve": [{"steps": 1, "acc": 0.5}], "ok": False},
+        }
+    }
+    assert resolve(data, "models.x.curve[steps=8].acc") == [0.75]
+    assert resolve(data, "models.x.curve[-1].steps") == [8]
+    assert sorted(resolve(data, "models.*.curve[*].acc")) == [0.25, 0.5, 0.75]
+    assert resolve(data, "models.z.curve") == []
+    assert measure_value(Measure(("models.*.curve[steps=1].acc",), 100.0, "min"), data) == 25.0
+    assert measure_value(Measure(("models.*.ok",), reduce="sum"), data) == 1.0
+    assert measure_value(Measure(("models.*.ok",), reduce="count"), data) == 2.0
+    assert measure_value(Measure(("models.z.acc",)), data) is None
+    with pytest.raises(ValueError, match="reduce"):
+        measure_value(Measure(("models.*.curve[steps=1].acc",)), data)
+
+
+# Writing the block ------------------------------------------------------------------------------------------------
+
+
+def _results_file(tmp_path: Path) -> Path:
+    _write(
+        tmp_path,
+        "results/nqueens8-fast/results.json",
+        _reasoners(gram={"vote": 0.99, "coverage": 0.97}, trm={"vote": 0.77, "coverage": 0.72}),
+    )
+    path = tmp_path / "RESULTS.md"
+    update_results_file(
+        path, "nqueens8-fast", "## nqueens8-fast\n\nCommand: `latentloop run nqueens8-fast`\n"
+    )
+    return path
+
+
+def test_the_block_is_inserted_before_the_sections_and_rewritten_in_place(tmp_path):
+    path = _results_file(tmp_path)
+    claims = [_by_id("nq8-gram-vs-trm"), _by_id("arc-agi-2")]
+    assert update_dashboard(path, claims)
+    text = path.read_text()
+    assert text.index(BEGIN) < text.index(END) < text.index("<!-- experiment: nqueens8-fast -->")
+    assert "| N-Queens 8x8: GRAM above TRM in accuracy and coverage |" in text
+    assert "[nqueens8-fast](#nqueens8-fast); `latentloop run nqueens8-fast`" in text
+    assert "2 claims: 1 reproduced, 0 partly, 0 not, 1 not tried." in text
+    assert not update_dashboard(path, claims)  # nothing changed
+    # A rerun of the experiment replaces its section and keeps the block; a new one is appended after it.
+    update_results_file(
+        path, "nqueens8-fast", "## nqueens8-fast\n\nCommand: `latentloop run nqueens8-fast --out x`\n"
+    )
+    update_results_file(path, "maze", "## maze\n\nCommand: `latentloop run maze`\n")
+    assert update_dashboard(path, claims)
+    text = path.read_text()
+    assert text.count(BEGIN) == 1 and text.count("## nqueens8-fast") == 1
+    assert "`latentloop run nqueens8-fast --out x`" in text
+    assert "- Maze: [maze](#maze)" in text
+    assert text.index(END) < text.index("## nqueens8-fast") < text.index("## maze")
+
+
+def test_the_command_line_rewrites_the_block(tmp_path, capsys):
+    path = _results_file(tmp_path)
+    path.write_text(
+        path.read_text().replace("## nqueens8-fast", f"{BEGIN}\nstale text\n{END}\n\n## nqueens8-fast", 1)
+    )
+    assert main(["run", "--dashboard", str(path)]) == 0
+    assert capsys.readouterr().out.strip() == f"updated {path}"
+    _, block, _ = split_block(path.read_text())
+    assert block is not None and "## Claims dashboard" in block and "stale text" not in block
+    assert main(["run", "--dashboard", str(tmp_path / "missing.md")]) == 2
+
+
+def test_a_run_with_report_regenerates_the_block_of_a_file_that_has_one(tmp_path):
+    results_file = tmp_path / "RESULTS.md"
+    results_file.write_text(f"# Results\n\nintro kept\n\n{BEGIN}\nstale text\n{END}\n")
+    path = write_experiment(tmp_path)
+    assert main(["run", str(path), "--out", str(tmp_path / "out"), "--report", str(results_file)]) == 0
+    text = results_file.read_text()
+    _, block, after = split_block(text)
+    assert block == render_dashboard(text, tmp_path)
+    assert "stale text" not in block and "- Benchmarks and other: [tiny](#tiny)" in block
+    assert "<!-- experiment: tiny -->" in after and "intro kept" in text
