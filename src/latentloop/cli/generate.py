@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import typer
@@ -80,7 +81,7 @@ def generate(
 
     from latentloop.data.tokenizers import load_tokenizer
     from latentloop.hub import resolve_model
-    from latentloop.models.generation import ExitCriterion
+    from latentloop.models.generation import GenerationConfig
     from latentloop.models.generation import generate as run_generation
     from latentloop.models.parallel_sampler import ParallelSampler
     from latentloop.models.recurrent_depth import RecurrentDepthLM
@@ -88,20 +89,26 @@ def generate(
 
     if not prompt:
         raise UsageError("the prompt is empty")
-    for name, value in (("--num-steps", num_steps), ("--kv-share", kv_share), ("--speculative", speculative)):
-        if value is not None and value < 1:
-            raise UsageError(f"{name} must be at least 1, got {value}")
-    if max_new_tokens < 1 or draft_tokens < 1:
-        raise UsageError("--max-new-tokens and --draft-tokens must be at least 1")
-    if temperature < 0 or (top_p is not None and not 0 < top_p <= 1):
-        raise UsageError("--temperature must be >= 0 and --top-p in (0, 1]")
-    criterion = ExitCriterion.parse(exit_criterion)
-    if sampler not in ("sequential", "parallel"):
-        raise UsageError(f"--sampler must be sequential or parallel, got {sampler!r}")
-    settings = (
-        ParallelSampler(wavefront=wavefront, inner_steps=inner_steps, freeze=freeze, state_noise=state_noise)
+    if max_new_tokens < 1:
+        raise UsageError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
+    # Checked before the model loads, so a bad option fails fast.
+    config = GenerationConfig(
+        max_new_tokens=max_new_tokens,
+        num_steps=num_steps,
+        init_scale=init_scale,
+        do_sample=temperature > 0,
+        temperature=temperature or 1.0,
+        top_k=top_k,
+        top_p=top_p,
+        kv_share=kv_share,
+        exit=exit_criterion,
+        continuous=continuous,
+        speculative=speculative,
+        draft_tokens=draft_tokens,
+        sampler=ParallelSampler(wavefront, inner_steps, freeze, state_noise)
         if sampler == "parallel"
-        else "sequential"
+        else sampler,
+        compile=compile_steps,
     )
     folder = resolve_checkpoint(resolve_model(model, revision))
     lm = RecurrentDepthLM.from_pretrained(folder)
@@ -116,22 +123,8 @@ def generate(
     out = run_generation(
         lm,
         torch.tensor([ids]),
-        max_new_tokens=max_new_tokens,
-        num_steps=num_steps,
-        init_scale=init_scale,
-        do_sample=temperature > 0,
-        temperature=temperature or 1.0,
-        top_k=top_k,
-        top_p=top_p,
-        stop_tokens=[tok.eos_id],
-        kv_share=kv_share,
-        exit=criterion,
-        continuous=continuous,
-        speculative=speculative,
-        draft_tokens=draft_tokens,
+        dataclasses.replace(config, stop_tokens=[tok.eos_id]),
         generator=torch.Generator().manual_seed(seed),
-        sampler=settings,
-        compile=compile_steps,
     )
     new = out.sequences[0, len(ids) :].tolist()
     text = tok.decode(new)
