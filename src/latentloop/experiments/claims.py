@@ -231,7 +231,7 @@ CLAIMS: tuple[Claim, ...] = (
         id="huginn-extrapolation",
         family=LM,
         text="Iterating past the training depth solves problems longer than any trained",
-        paper="trained at mean depth 32; reasoning scores still rise up to r = 64",
+        paper="trained at mean depth 32; reasoning benchmarks keep improving up to r = 32-64",
         source="results/lm-depth/results.json",
         measures={
             "em_r16": _pct(_TIER.format("length 25-32 (beyond training)", 16)),
@@ -602,7 +602,7 @@ CLAIMS: tuple[Claim, ...] = (
     Claim(
         id="unconditional-digits",
         family=GENERATION,
-        text="GRAM samples binarised digits unconditionally, on par with MDLM",
+        text="GRAM samples binarised digits unconditionally, at least as well as MDLM of its size and time",
         paper="binarised MNIST scored by Inception Score and FID (values not in PAPERS.md)",
         source="results/digits/results.json",
         measures={
