@@ -14,6 +14,7 @@ not run yet, so the graph has those edges too. Imports under ``if TYPE_CHECKING:
 from __future__ import annotations
 
 import ast
+import re
 from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -356,3 +357,116 @@ def test_a_cycle_through_a_package_init_is_found(tmp_path):
     )
     [cycle] = find_cycles(find_imports(src, "pkg"))
     assert format_cycle(cycle, tmp_path) == "pkg.sub (pkg/sub/__init__.py:1) -> pkg.x (pkg/x.py:1) -> pkg.sub"
+
+
+# The layers of docs/ARCHITECTURE.md -------------------------------------------------------------------------------
+ARCHITECTURE = ROOT / "docs" / "ARCHITECTURE.md"
+_LAYER_ROW = re.compile(r"^\|\s*(\d+)\.[^|]*\|([^|]*)\|")
+
+
+def read_layers(text: str) -> dict[str, int]:
+    """The layer table of ARCHITECTURE.md: each module named in a row's second column (in backticks, dotted
+    and relative to the package: ``eval.metrics``, ``nn``) -> the row's layer number."""
+    layers = {}
+    for line in text.splitlines():
+        row = _LAYER_ROW.match(line)
+        if row:
+            for name in re.findall(r"`([^`]+)`", row.group(2)):
+                layers[name] = int(row.group(1))
+    return layers
+
+
+def layer_of(module: str, layers: dict[str, int], package: str = PACKAGE) -> int | None:
+    """The layer of the most specific table entry that holds ``module`` (an entry holds its submodules). A
+    package whose members sit in different layers is as low as its lowest member: importing any member runs
+    the package's ``__init__`` first, so that ``__init__`` may import nothing above that member."""
+    relative = module.removeprefix(package).removeprefix(".")
+    holding = [name for name in layers if _matches(relative, name)]
+    found = [layers[max(holding, key=len)]] if holding else []
+    found += [layer for name, layer in layers.items() if name.startswith(relative + ".")]
+    return min(found) if found else None
+
+
+def layer_violations(imports: Iterable[Import], layers: dict[str, int], package: str = PACKAGE) -> list[str]:
+    """Every import whose target sits in a higher layer than its importer, as ``where: a (N) -> b (M)``."""
+    found = []
+    for item in imports:
+        own, target = layer_of(item.importer, layers, package), layer_of(item.target, layers, package)
+        if own is not None and target is not None and target > own:
+            found.append(f"{item.where()}: {item.importer} ({own}) -> {item.target} ({target})")
+    return sorted(set(found))
+
+
+def test_every_module_has_a_layer_and_every_named_module_exists():
+    layers = read_layers(ARCHITECTURE.read_text(encoding="utf-8"))
+    modules = [name for name in module_files(SRC, PACKAGE) if name != PACKAGE]  # the root holds the version
+    assert [name for name in modules if layer_of(name, layers) is None] == []
+    relative = [name.removeprefix(PACKAGE + ".") for name in modules]
+    assert [name for name in layers if not any(_matches(module, name) for module in relative)] == []
+
+
+def test_no_module_imports_from_a_layer_above_its_own():
+    layers = read_layers(ARCHITECTURE.read_text(encoding="utf-8"))
+    violations = layer_violations(find_imports(), layers)
+    assert not violations, "imports against the layer table of docs/ARCHITECTURE.md:\n" + "\n".join(
+        violations
+    )
+
+
+def test_the_layer_check_finds_an_upward_import(tmp_path):
+    src = _package(tmp_path, {"__init__.py": "", "low.py": "from pkg.high import x\n", "high.py": "x = 1\n"})
+    layers = read_layers("| layer | modules |\n|---|---|\n| 0. base | `low` |\n| 1. top | `high` |\n")
+    assert layers == {"low": 0, "high": 1}
+    [violation] = layer_violations(find_imports(src, "pkg"), layers, "pkg")
+    assert violation.endswith("pkg.low (0) -> pkg.high (1)")
+    assert layer_violations(find_imports(src, "pkg"), {"low": 1, "high": 1}, "pkg") == []
+    # A package is as low as its lowest member, since importing that member runs the package first.
+    assert layer_of("pkg.sub", {"sub": 5, "sub.leaf": 3}, "pkg") == 3
+    assert layer_of("pkg.sub.other", {"sub": 5, "sub.leaf": 3}, "pkg") == 5
+
+
+# Imports inside functions -----------------------------------------------------------------------------------------
+# (module, imported top-level name) -> why it is imported inside a function there. Outside the command line only a
+# dependency that is optional, or costly and needed by one rare path, is.
+LATE_IMPORTS: dict[tuple[str, str], str] = {
+    ("latentloop.plotting", "matplotlib"): "matplotlib and its backend load on the first figure only; most "
+    "commands draw none",
+    ("latentloop.train.monitor", "torch"): "tensorboard is optional: torch.utils.tensorboard needs the "
+    "tensorboard package, which only train.tensorboard=true asks for",
+    ("latentloop.train.precision", "torch"): "torch._inductor's C++ builder loads the compiler stack, about "
+    "a second, which only train.compile needs",
+}
+MAX_LATE_IMPORTS = 10
+
+
+def late_imports(src: Path = SRC, package: str = PACKAGE) -> list[tuple[str, str, str]]:
+    """``(module, imported top-level name, path:line)`` of every import statement inside a function, outside the
+    command line (``cli/``), benchmark scripts included."""
+    found = []
+    for path in sorted((src / package).rglob("*.py")):
+        parts = list(path.relative_to(src).with_suffix("").parts)
+        if parts[1:2] == ["cli"]:
+            continue
+        module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        for statement, in_function in _statements(ast.parse(path.read_text(encoding="utf-8"))):
+            if in_function:
+                if isinstance(statement, ast.Import):
+                    names = [alias.name for alias in statement.names]
+                else:
+                    names = ["." if statement.level else statement.module or ""]
+                where = f"{path.relative_to(src.parent)}:{statement.lineno}"
+                found += [(module, name.split(".")[0], where) for name in names]
+    return found
+
+
+def test_imports_inside_functions_are_few_and_each_has_a_reason():
+    found = late_imports()
+    unexplained = [f"{where}: {name}" for module, name, where in found if (module, name) not in LATE_IMPORTS]
+    assert not unexplained, "imports inside functions without a reason in LATE_IMPORTS:\n" + "\n".join(
+        unexplained
+    )
+    assert len(found) <= MAX_LATE_IMPORTS, (
+        f"{len(found)} imports inside functions, at most {MAX_LATE_IMPORTS}"
+    )
+    stale = set(LATE_IMPORTS) - {(module, name) for module, name, _ in found}
+    assert not stale, f"reasons in LATE_IMPORTS for imports that are gone: {sorted(stale)}"

@@ -52,12 +52,19 @@ import tempfile
 import time
 import types
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors.torch import load_file
 from torch import nn
+from torch.profiler import ProfilerActivity, profile
+
+try:  # only this comparison needs transformers, which latentloop does not depend on
+    import transformers
+except ImportError:
+    transformers = None
 
 from latentloop.errors import ArgumentParser
 from latentloop.io import emit_json_report
@@ -158,10 +165,8 @@ def load_reference(folder: Path) -> tuple[types.ModuleType, types.ModuleType, li
         raise SetupError(
             f"{folder} lacks {', '.join(missing)} (copy them from seal-rg/recurrent-pretraining/recpre)"
         )
-    try:
-        transformers = importlib.import_module("transformers")
-    except ImportError:
-        raise SetupError("the official code needs transformers: pip install 'transformers<5'") from None
+    if transformers is None:
+        raise SetupError("the official code needs transformers: pip install 'transformers<5'")
     major = int(transformers.__version__.split(".")[0])
     package = types.ModuleType(PACKAGE)
     package.__path__ = [str(folder)]
@@ -188,9 +193,7 @@ def apply_transformers5_shims(modeling: types.ModuleType) -> list[str]:
 
     Only module globals and class attributes of the imported reference are replaced; the file is not edited.
     """
-    from dataclasses import dataclass
-
-    from transformers.utils import ModelOutput
+    ModelOutput = transformers.utils.ModelOutput
 
     shims = []
     model_cls = modeling.RavenForCausalLM
@@ -478,7 +481,7 @@ def generation_runners(
     ours: RecurrentDepthLM, reference: nn.Module, prompt: torch.Tensor, depth: int, args: argparse.Namespace
 ) -> dict[str, Callable[[], torch.Tensor]]:
     """Callables returning the full greedy sequence [1, T0 + new] for each implementation at ``depth``."""
-    from transformers import GenerationConfig
+    GenerationConfig = transformers.GenerationConfig
 
     n = args.new_tokens
 
@@ -610,8 +613,6 @@ def check_generation(
 def profile_ours(ours: RecurrentDepthLM, args: argparse.Namespace, depth: int) -> dict[str, Any]:
     """Where one greedy ``generate`` call spends its time: top torch ops (self CPU time) and wall time per model
     part (forward hooks; the rest is Python-side decoding overhead outside the modules)."""
-    from torch.profiler import ProfilerActivity, profile
-
     generator = torch.Generator().manual_seed(args.seed + 3)
     prompt = torch.randint(0, args.vocab_size, (1, args.prompt_len), generator=generator)
 
@@ -677,8 +678,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """Load the official code, build both models and return the whole report."""
     torch.set_num_threads(args.threads)
     config_module, modeling, shims = load_reference(args.reference)
-    import transformers
-
     skipped = []
     if int(transformers.__version__.split(".")[0]) >= 5 and "hf" in args.reference_generate:
         # The official prepare_inputs_for_generation does not fit the 5.x generate loop (cache passed as `cache`,

@@ -31,12 +31,14 @@ from typing import Any
 
 import numpy as np
 import torch
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.neural_network import MLPClassifier
 
 from latentloop.errors import UsageError
 from latentloop.eval.reasoners import load_run
 from latentloop.infer.scaling import draws_samples, solve
-from latentloop.io import atomic_path
 from latentloop.models.reasoners import Reasoner, num_parameters
+from latentloop.plotting import pyplot, save_png
 from latentloop.tasks.base import Task
 from latentloop.tasks.digits import DigitsTask
 from latentloop.train.run_config import load_reasoner_run_config
@@ -89,9 +91,6 @@ def _labelled(task: Task, split: str, split_seed: int) -> tuple[np.ndarray, np.n
 
 @functools.lru_cache(maxsize=4)
 def _train_classifier(path: str | None, threshold: float, seed: int, split_seed: int) -> DigitClassifier:
-    from sklearn.exceptions import ConvergenceWarning
-    from sklearn.neural_network import MLPClassifier
-
     task = DigitsTask(path=path, threshold=threshold)
     train_x, train_y = _labelled(task, "train", split_seed)
     test_x, test_y = _labelled(task, "test", split_seed)
@@ -321,10 +320,7 @@ def sample_run(
 # Pictures ------------------------------------------------------------------------------------------------------
 def plot_samples(images: np.ndarray, path: str | Path, title: str | None = None) -> None:
     """A PNG grid of ``images`` ``[N, H, W]`` (1 ink black, 0 white, -1 unknown grey), written atomically."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     images = np.asarray(images)
     count, height, width = images.shape
@@ -345,6 +341,4 @@ def plot_samples(images: np.ndarray, path: str | Path, title: str | None = None)
     if title:
         axis.set_title(title, fontsize=9)
     fig.tight_layout()
-    with atomic_path(path) as temp:
-        fig.savefig(temp, format="png", dpi=100)
-    plt.close(fig)
+    save_png(fig, path, dpi=100)

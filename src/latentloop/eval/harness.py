@@ -27,8 +27,10 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from lm_eval import simple_evaluate
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
+from lm_eval.tasks import TaskManager, get_task_dict
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm import tqdm
 
@@ -353,8 +355,6 @@ def _checkpoint_folder(pretrained: str | Path, revision: str | None) -> Path:
 def task_manager(include_path: str | Path | None = None, include_defaults: bool = True):
     """lm-eval's ``TaskManager`` over its own tasks (unless ``include_defaults=False``) and the YAML task
     files under ``include_path``."""
-    from lm_eval.tasks import TaskManager
-
     if include_path is not None and not Path(include_path).is_dir():
         raise UsageError(f"--include-path {include_path} is not a folder")
     return TaskManager(
@@ -400,8 +400,6 @@ def depth_sweep(
     Returns ``{"tasks", "num_steps", "metrics": {task: metric}, "table": {task: {depth: value}},
     "results": {depth: lm-eval's per-task results}}`` (depths as strings, as JSON keys are).
     """
-    from lm_eval import simple_evaluate
-
     manager = manager if manager is not None else task_manager()
     known = set(manager.all_tasks)
     unknown = [name for name in tasks if name not in known]
@@ -442,8 +440,6 @@ def depth_sweep(
 def _check_tasks_load(manager: Any, tasks: Sequence[str]) -> None:
     """Build the tasks once before any depth runs, so that a task file lm-eval cannot read, a data file that
     is missing or a dataset that cannot be fetched is one line, not a traceback from inside lm-eval."""
-    from lm_eval.tasks import get_task_dict
-
     try:
         get_task_dict(list(tasks), manager)
     except Exception as error:  # lm-eval and datasets raise anything from ValueError to their own types

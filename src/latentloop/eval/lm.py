@@ -23,8 +23,9 @@ import torch
 
 from latentloop.errors import UsageError
 from latentloop.eval.metrics import heldout_metric
-from latentloop.io import atomic_path, atomic_write_text
+from latentloop.io import atomic_write_text
 from latentloop.models.recurrent_depth import RecurrentDepthLM
+from latentloop.plotting import pyplot, save_png
 from latentloop.tasks.base import Task, get_task, parse_task_spec
 from latentloop.train.checkpoint import read_trainer_state, resolve_checkpoint, run_folder_of
 from latentloop.train.run_config import load_run_config
@@ -166,10 +167,7 @@ def markdown_table(report: dict[str, Any]) -> str:
 
 def plot_depth(report: dict[str, Any], path: Path) -> None:
     """``metric`` against depth (log2 axis) as a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     metric = report["metric"]
     xs = [r["num_steps"] for r in report["results"]]
@@ -183,9 +181,7 @@ def plot_depth(report: dict[str, Any], path: Path) -> None:
     ax.set_title(f"{report['task'].get('name')}: held-out {metric.replace('_', ' ')} vs depth")
     ax.grid(True, alpha=0.3)
     fig.tight_layout()
-    with atomic_path(path) as temp:
-        fig.savefig(temp, format="png")
-    plt.close(fig)
+    save_png(fig, path)
 
 
 def write_reports(report: dict[str, Any], folder: str | Path) -> None:

@@ -38,9 +38,10 @@ from latentloop.eval.metrics import (
     unique_rows,
 )
 from latentloop.infer.scaling import SELECTIONS, draws_samples, solve
-from latentloop.io import atomic_path, atomic_write_text
+from latentloop.io import atomic_write_text
 from latentloop.models.reasoners import Reasoner, load_reasoner, num_parameters
 from latentloop.models.reasoners.heads import SequenceValueHead
+from latentloop.plotting import pyplot, save_png
 from latentloop.tasks.base import Task, get_task, parse_task_spec
 from latentloop.train.checkpoint import resolve_checkpoint, run_folder_of
 from latentloop.train.run_config import load_reasoner_run_config
@@ -369,10 +370,7 @@ def markdown_table(report: dict[str, Any]) -> str:
 
 def plot_curves(report: dict[str, Any], path: Path) -> None:
     """Accuracy against steps and against samples, side by side, as a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.5))
     left.plot(
@@ -386,18 +384,13 @@ def plot_curves(report: dict[str, Any], path: Path) -> None:
     right.set(xlabel="samples", title=f"width ({report['steps']} steps)")
     right.legend()
     fig.tight_layout()
-    with atomic_path(path) as temp:
-        fig.savefig(temp, format="png")
-    plt.close(fig)
+    save_png(fig, path)
 
 
 def plot_boards(examples: dict[str, list[dict[str, Any]]], task: Task, path: Path) -> None:
     """The example answers of each model (a row each, from :func:`example_answers`) drawn by the task, titled
     with the verifier's verdict and, for multi-solution tasks, the distinct valid answers the samples found."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     columns = max(len(rows) for rows in examples.values())
     fig, axes = plt.subplots(
@@ -417,9 +410,7 @@ def plot_boards(examples: dict[str, list[dict[str, Any]]], task: Task, path: Pat
             ax.set_title(title, fontsize=8, color="black" if example["violations"] == 0 else "tab:red")
         row[0].set_ylabel(name)
     fig.tight_layout()
-    with atomic_path(path) as temp:
-        fig.savefig(temp, format="png", dpi=100, bbox_inches="tight")
-    plt.close(fig)
+    save_png(fig, path, dpi=100, bbox_inches="tight")
 
 
 def write_reports(report: dict[str, Any], folder: str | Path, task: Task | None = None) -> None:

@@ -43,11 +43,11 @@ class MetricsLog:
         self.stream = self.path.open("a")
         self.writer = None
         if tensorboard:
-            try:
+            try:  # tensorboard is optional (train.tensorboard is on by default and used where installed)
                 from torch.utils.tensorboard import SummaryWriter
 
                 self.writer = SummaryWriter(str(out_dir / "tensorboard"))
-            except ImportError:  # tensorboard is optional
+            except ImportError:
                 self.writer = None
 
     def write(self, record: dict[str, Any]) -> None:
