@@ -331,7 +331,7 @@ CLAIMS: tuple[Claim, ...] = (
         "greedy tokens identical: {identical:yesno}",
         scale="random {params:.1f}M-parameter model saved in the checkpoint format; the 3.5B weights not compared",
         rule=Rule((_c("max_diff", "<=", "tolerance"), _c("identical", ">=", 1), _c("loads", ">=", 1))),
-        command="python benchmarks/compare_huginn_reference.py --reference /tmp/huginn_ref",
+        command="python benchmarks/compare_huginn_reference.py --reference HUGINN_CODE_DIR",
     ),
     Claim(
         id="huginn-benchmarks",
@@ -701,7 +701,7 @@ CLAIMS: tuple[Claim, ...] = (
         "{passing:.0f} of {variants:.0f} variants pass",
         scale="small random models of the official classes on a CPU",
         rule=Rule((_c("max_diff", "<=", "tolerance"), _c("passing", ">=", "variants"))),
-        command="python benchmarks/compare_trm_hrm_reference.py --reference /tmp/trm_ref --repeats 12",
+        command="python benchmarks/compare_trm_hrm_reference.py --reference TRM_CODE_DIR --repeats 12",
     ),
     Claim(
         id="cgar-curriculum",
