@@ -134,8 +134,8 @@ class _Sequences:
             )
 
     def full_forward(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Next-token logits [B, V] and the final state [B, 1, h] of the last position, at full depth over
-        whatever the cache does not hold yet (everything without a cache)."""
+        """Next-token logits [B, V] and the final state [B, 1, h] of the last position: the whole sequence at
+        full depth (the prefill, or every token without a cache)."""
         out = self.model(
             self.ids,
             num_steps=self.depth,
