@@ -11,8 +11,10 @@ from latentloop.cli import main
 from latentloop.config import load_yaml
 from latentloop.errors import UsageError
 from latentloop.experiments import available_experiments, load_experiment
+from latentloop.experiments.kinds import get_kind
 from latentloop.experiments.report import format_flops, report_markdown, schedule_sentence
-from latentloop.experiments.runner import _check_run_configs, pace_line, planned_steps, run_experiment
+from latentloop.experiments.runner import run_experiment
+from latentloop.experiments.training import check_run_configs, pace_line, planned_steps
 from latentloop.tasks import get_task
 from latentloop.train.run_config import build_reasoner_config, build_run_config
 from tests.tiny import TINY_LM, TINY_REASONER, tiny_run
@@ -124,7 +126,6 @@ def test_second_run_skips_finished_parts(tmp_path):
 
 def test_interrupted_model_resumes_from_its_checkpoint(tmp_path):
     from latentloop.train.loop import train
-    from latentloop.train.run_config import build_reasoner_config
 
     experiment = load_experiment(str(write_experiment(tmp_path)))
     gram = experiment.models[0]
@@ -284,9 +285,9 @@ def test_every_shipped_experiment_trains_a_fixed_schedule_whatever_the_machine()
         experiment = load_experiment(name)
         assert experiment.budget_minutes is None, name
         assert planned_steps(experiment) == schedule, name
-        build = build_run_config if experiment.kind == "lm" else build_reasoner_config
+        runs = get_kind(experiment.kind).runs
         for spec in experiment.models:
-            train = build(load_yaml(spec.config), spec.overrides).train
+            train = runs.config(spec).train
             assert train.budget_minutes is None and not train.fit_steps, (name, spec.name)
 
 
@@ -300,7 +301,7 @@ def test_a_worker_is_sent_sigterm_once_the_run_that_started_it_is_killed(tmp_pat
     stopped = tmp_path / "stopped"
     worker = (
         "import signal, sys, time\n"
-        "from latentloop.experiments.runner import stop_when_orphaned\n"
+        "from latentloop.experiments.workers import stop_when_orphaned\n"
         f"signal.signal(signal.SIGTERM, lambda *_: (open({str(stopped)!r}, 'w').close(), sys.exit(0)))\n"
         "stop_when_orphaned(int(sys.argv[1]), poll_s=0.05)\n"
         "time.sleep(120)\n"
@@ -366,7 +367,7 @@ def test_shipped_experiments_load():
     for name in names:
         experiment = load_experiment(name)
         assert experiment.models and experiment.expected_minutes
-        _check_run_configs(experiment, None)  # every model's config builds as it trains
+        check_run_configs(experiment, None)  # every model's config builds as it trains
 
 
 def test_lm_depth_tiers_beyond_training_are_longer_than_every_word_trained_and_the_others_are_not():
@@ -386,9 +387,9 @@ def test_lm_depth_tiers_beyond_training_are_longer_than_every_word_trained_and_t
 
 def test_a_schedule_fitted_to_a_users_cap_passes_the_check_before_training():
     experiment = load_experiment("default", ["train.fit_steps=true"])
-    _check_run_configs(experiment, 21.0)  # train.fit_steps is valid once a time cap is set
+    check_run_configs(experiment, 21.0)  # train.fit_steps is valid once a time cap is set
     with pytest.raises(UsageError, match=r"fit_steps needs train\.budget_minutes"):
-        _check_run_configs(experiment, None)
+        check_run_configs(experiment, None)
 
 
 @pytest.mark.parametrize(
@@ -691,7 +692,7 @@ def test_run_threads_sets_the_threads_every_model_trains_on(tmp_path, capsys):
 
 
 def test_a_shortened_schedule_shortens_the_reference_machines_minutes_with_it():
-    from latentloop.experiments.runner import scale_schedules
+    from latentloop.experiments.training import scale_schedules
 
     experiment = scale_schedules(load_experiment("default"), 0.5)
     assert planned_steps(experiment) == {"gram": 2500, "trm": 1375}

@@ -9,9 +9,10 @@ import yaml
 
 from latentloop.errors import UsageError
 from latentloop.experiments import load_experiment
-from latentloop.experiments import runner as runner_module
+from latentloop.experiments.kinds import time_to_accuracy as kind_module
+from latentloop.experiments.kinds.time_to_accuracy import ablation_gains, curve_summary, first_reached
 from latentloop.experiments.report import format_flops, plot_results, report_markdown
-from latentloop.experiments.runner import ablation_gains, curve_summary, first_reached, run_experiment
+from latentloop.experiments.runner import run_experiment
 from latentloop.experiments.spec import ModelSpec
 from tests.tiny import TINY_REASONER, tiny_run
 
@@ -124,14 +125,14 @@ def test_curve_summary_and_ablation_gains():
 
 def count_evaluations(monkeypatch):
     calls = []
-    real = runner_module.evaluate_reasoner
+    real = kind_module.evaluate_reasoner
 
     def counted(checkpoint, **kwargs):
         calls.append(checkpoint)
         assert kwargs["write"] is False and kwargs["progress"] is False
         return real(checkpoint, **kwargs)
 
-    monkeypatch.setattr(runner_module, "evaluate_reasoner", counted)
+    monkeypatch.setattr(kind_module, "evaluate_reasoner", counted)
     return calls
 
 
@@ -244,7 +245,7 @@ def test_a_row_that_drops_an_override_adds_the_configs_own_value(tmp_path):
         "a", config, ["train.lr=1e-3", "train.curriculum=[]", "train.augment=false", "train.ema=0.9"]
     )
     spec = ModelSpec("b", config, ["train.augment=false", "train.seed=1"])
-    assert runner_module._adds(spec, before, None) == [
+    assert kind_module._adds(spec, before, None) == [
         "train.seed=1",
         "train.lr=0.0015 (config)",
         'train.curriculum=[{"until": 0.4, "n_sup": 4}] (config)',

@@ -161,33 +161,6 @@ def run_command(
 
 def summary_lines(results: dict) -> list[str]:
     """The summary table printed after a run, one line per model (its shape depends on the experiment's kind)."""
-    from latentloop.experiments.report import summary_rows
+    from latentloop.experiments.report import summary_lines as lines_of
 
-    rows = summary_rows(results)
-    if results.get("kind") == "generation":
-        lines = []
-        for row in rows:
-            scores = "  ".join(
-                f"{key.replace('_', ' ')} {row[key]:.2f}"
-                for key in ("inception_score", "frechet_distance")
-                if row[key] is not None
-            )
-            lines.append(
-                f"{row['model']:<8} {row['parameters']:>9,}  valid {100 * row['valid_fraction']:.1f}%"
-                f"  {row['samples_per_s']:.1f} samples/s  {scores}"
-            )
-        return lines
-    if results.get("kind") == "lm":
-        return [
-            f"{row['model']:<8} {row['parameters']:>11,}  {row['metric']}  "
-            + "  ".join(f"r={d}: {value:.3g}" for d, value in sorted(row["by_depth"].items()))
-            for row in rows
-        ]
-    lines = [f"{'model':<8} {'params':>9} {'acc@1':>7} {'vote':>7} {'value':>7} {'coverage':>9}"]
-    for row in rows:
-        cells = [row["accuracy_1_sample"], row["accuracy_vote"], row["accuracy_value"], row["coverage"]]
-        text = [("-" if c is None else f"{100 * c:.1f}") for c in cells]
-        lines.append(
-            f"{row['model']:<8} {row['parameters']:>9,} {text[0]:>7} {text[1]:>7} {text[2]:>7} {text[3]:>9}"
-        )
-    return lines
+    return lines_of(results)

@@ -56,15 +56,18 @@ their answers) ``boards.png`` in ``OUT``. Every number in the report comes from 
 turn holds each run's ``eval.json``. ``key=value`` overrides given for one run (:func:`load_experiment`) reach
 every model's config or the evaluation, and are recorded in ``results.json``.
 
-The package holds the experiment files' spec and loading (:mod:`~latentloop.experiments.spec`), the run itself
-(:mod:`~latentloop.experiments.runner`) and the report made from its results
-(:mod:`~latentloop.experiments.report`); their public names are importable from here.
+The package holds the experiment files' spec and loading (:mod:`~latentloop.experiments.spec`), the kinds of
+experiment, each of which builds its runs, evaluates them and reports on them
+(:mod:`~latentloop.experiments.kinds`: ``reasoners``, ``lm``, ``generation``, ``time-to-accuracy``), the run
+itself (:mod:`~latentloop.experiments.runner`, with :mod:`~latentloop.experiments.training`,
+:mod:`~latentloop.experiments.workers` and :mod:`~latentloop.experiments.aggregation`) and the report made from
+its results (:mod:`~latentloop.experiments.report`); the spec's public names are importable from here.
 """
 
+from latentloop.experiments.kinds import KINDS, register_kind
 from latentloop.experiments.spec import (
     DEFAULT_EXPERIMENT,
     EXPERIMENTS_DIR,
-    KINDS,
     OVERRIDE_SECTIONS,
     REFERENCE_MACHINE,
     EvalSpec,
@@ -89,4 +92,5 @@ __all__ = [
     "available_experiments",
     "load_experiment",
     "positive_number",
+    "register_kind",
 ]

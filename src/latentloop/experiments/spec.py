@@ -13,6 +13,7 @@ from typing import Any
 
 from latentloop.config import apply_overrides, load_yaml
 from latentloop.errors import UsageError
+from latentloop.experiments.kinds import DEFAULT_KIND, KINDS
 from latentloop.paths import EXPERIMENTS_DIR  # shipped in the package: configs/experiments/
 
 DEFAULT_EXPERIMENT = "default"
@@ -21,8 +22,7 @@ DEFAULT_EXPERIMENT = "default"
 REFERENCE_MACHINE = (
     "2 cores of an AMD EPYC server CPU with AVX-512 and bf16 (AVX512_BF16), PyTorch 2.13.0 (CPU)"
 )
-KINDS = ("reasoners", "lm", "generation", "time-to-accuracy")
-# kind: time-to-accuracy: the metrics a target may name (percent), each first reached at some checkpoint.
+# The metrics an experiment's ``targets`` may name (percent), each first reached at some checkpoint.
 TARGET_METRICS = ("accuracy", "coverage")
 
 
@@ -40,25 +40,29 @@ class ModelSpec:
 
 @dataclass
 class EvalSpec:
-    """How every model of an experiment is evaluated."""
+    """How every model of an experiment is evaluated. Each kind reads the options its class lists
+    (:mod:`latentloop.experiments.kinds`); the file format keeps them all in one flat ``eval:`` mapping."""
 
+    # Puzzle reasoners (kinds reasoners, time-to-accuracy; generation: samples and temperature)
     samples: int = 20
     steps: int = 16
-    limit: int | None = None
+    limit: int | None = None  # also language models': problems per depth
     select: str = "vote"
     seed: int = 0  # of the models' sampling noise: a rerun evaluates alike
     temperature: float = 1.0  # AR and MDLM: of their token draws; GRAM: scale of its prior noise
     # GRAM: updates of a value head fitted to its own samples before evaluating (latentloop fit-value); 0: off
     fit_value: int = 0
-    depths: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32])  # kind: lm only
-    # kind: lm only: held-out tiers, name -> task options laid over the run's (``{test_hops: 9-16}``); one
-    # table row each. Empty: the run's own held-out split.
+    # Recurrent-depth language models (kind lm): the test-time depths
+    depths: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32])
+    # Held-out tiers, name -> task options laid over the run's (``{test_hops: 9-16}``); one table row each.
+    # Empty: the run's own held-out split.
     tiers: dict[str, dict[str, Any]] = field(default_factory=dict)
-    # kind: lm only: a depth x width grid on one tier, ``{tier, widths, compute, init_scale, limit}``: accuracy
-    # of the majority answer of K latent trajectories at depth r, for every r in depths and K in widths with
-    # r * K <= compute. Empty: no grid.
+    # A depth x width grid on one tier, ``{tier, widths, compute, init_scale, limit}``: accuracy of the majority
+    # answer of K latent trajectories at depth r, for every r in depths and K in widths with r * K <= compute.
+    # Empty: no grid.
     width: dict[str, Any] = field(default_factory=dict)
-    every: int = 250  # kind: time-to-accuracy only: a checkpoint (and its evaluation) every this many batches
+    # Checkpoint curves (kind time-to-accuracy): a checkpoint (and its evaluation) every this many batches
+    every: int = 250
     # Puzzle models: "validation" evaluates on training puzzles held out by train.validation, for tuning
     split: str = "test"
 
@@ -79,13 +83,12 @@ class Experiment:
     # A wall-clock cap on each model's training, in minutes; None: every model trains its whole schedule.
     # Shipped experiments set none: their numbers come from fixed schedules, the same on every machine.
     budget_minutes: float | None = None
-    # "lm": recurrent-depth LMs against depth; "generation": unconditional samples; "time-to-accuracy": every
-    # checkpoint evaluated, against training minutes, examples seen and FLOPs
-    kind: str = "reasoners"
+    # What is trained, measured and reported: a name of latentloop.experiments.kinds.KINDS
+    kind: str = DEFAULT_KIND
     overrides: list[str] = field(default_factory=list)  # given for this run (see load_experiment)
-    targets: dict[str, float] = field(default_factory=dict)  # kind: time-to-accuracy: metric -> percent
+    targets: dict[str, float] = field(default_factory=dict)  # time-to-accuracy: metric -> percent
     jobs: int = 1  # models trained and evaluated at once, each in its own process on a share of the cores
-    # The share of every model's schedule trained (see latentloop.experiments.runner.scale_schedules): 1 is
+    # The share of every model's schedule trained (see latentloop.experiments.training.scale_schedules): 1 is
     # the experiment itself; less checks that its claims hold with a margin.
     schedule_fraction: float = 1.0
 
@@ -254,7 +257,7 @@ def load_experiment(name_or_path: str, overrides: Sequence[str] = ()) -> Experim
         raise UsageError(f"{path}: eval.depths must be a list of positive integers")
     _check_tiers(evaluation.tiers, path)
     evaluation.width = _parse_width(evaluation.width, evaluation.tiers, path)
-    kind = str(data.get("kind", "reasoners"))
+    kind = str(data.get("kind", DEFAULT_KIND))
     if kind not in KINDS:
         raise UsageError(f"{path}: kind must be one of {', '.join(KINDS)}, not {kind!r}")
     targets = _parse_targets(data.get("targets"), path)

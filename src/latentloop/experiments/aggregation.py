@@ -1,0 +1,78 @@
+"""An experiment's results: every model's row, what was measured on, and what the experiment's kind adds."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from latentloop.experiments.kinds.base import ExperimentKind
+from latentloop.experiments.spec import Experiment
+from latentloop.paths import shipped_or_relative
+
+# The CPU's vector extensions that decide the speed of fp32 and bf16 matmuls on the CPU.
+_VECTOR_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
+
+
+def _cpu() -> str | None:
+    """The processor's name and its vector extensions among ``_VECTOR_FLAGS``, as Linux reports them (None
+    elsewhere): ``AMD EPYC (avx2 avx512f avx512_bf16)``."""
+    try:
+        info = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return None
+    name = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), None)
+    flags = next((line.split(":", 1)[1].split() for line in info if line.startswith("flags")), [])
+    if name is None:
+        return None
+    vector = " ".join(f for f in _VECTOR_FLAGS if f in flags)
+    return f"{name} ({vector})" if vector else name
+
+
+def machine() -> dict[str, Any]:
+    """What the numbers were measured on."""
+    return {
+        "cpu": _cpu(),
+        "cpus": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "device": "cuda" if torch.cuda.is_available() else "cpu",
+    }
+
+
+def collect_results(
+    experiment: Experiment,
+    kind: ExperimentKind,
+    rows: dict[str, Any],
+    started: datetime.datetime,
+    minutes: float | None,
+    jobs: int,
+    threads: int,
+) -> dict[str, Any]:
+    """The experiment's ``results.json``: its settings, the machine, every model's row (``rows``), and what
+    ``kind`` makes of the rows together. ``minutes``: each model's time cap; ``jobs`` models trained at once
+    on ``threads`` torch threads each."""
+    results = {
+        "experiment": experiment.name,
+        "kind": experiment.kind,
+        "description": experiment.description,
+        "file": shipped_or_relative(experiment.path),
+        "date": started.strftime("%Y-%m-%d"),
+        "machine": machine(),
+        "budget_minutes_per_model": minutes,
+        "jobs": jobs,
+        "threads_per_model": threads,
+        "schedule_fraction": experiment.schedule_fraction,
+        "overrides": experiment.overrides,
+        "eval": vars(experiment.eval),
+        "models": rows,
+        "paper": experiment.paper,
+        "paper_note": experiment.paper_note,
+    }
+    return {**results, **kind.aggregate(experiment, rows)}
