@@ -4,6 +4,7 @@ runner and the report do what it says without knowing its name."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,7 @@ class ToyKind(ExperimentKind):
 
     def trained_specs(self, experiment):
         return [
-            type(spec)(spec.name, spec.config, [*spec.overrides, "train.steps=1"])
+            dataclasses.replace(spec, overrides=[*spec.overrides, "train.steps=1"])
             for spec in experiment.models
         ]
 

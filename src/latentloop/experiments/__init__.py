@@ -60,8 +60,8 @@ The package holds the experiment files' spec and loading (:mod:`~latentloop.expe
 experiment, each of which builds its runs, evaluates them and reports on them
 (:mod:`~latentloop.experiments.kinds`: ``reasoners``, ``lm``, ``generation``, ``time-to-accuracy``), the run
 itself (:mod:`~latentloop.experiments.runner`, with :mod:`~latentloop.experiments.training`,
-:mod:`~latentloop.experiments.workers` and :mod:`~latentloop.experiments.aggregation`) and the report made from
-its results (:mod:`~latentloop.experiments.report`); the spec's public names are importable from here.
+:mod:`~latentloop.experiments.store`, :mod:`~latentloop.experiments.workers` and
+:mod:`~latentloop.experiments.aggregation`) and the report made from its results (:mod:`~latentloop.experiments.report`); the spec's public names are importable from here.
 """
 
 from latentloop.experiments.kinds import KINDS, register_kind

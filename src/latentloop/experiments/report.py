@@ -16,7 +16,7 @@ from latentloop.plotting import save_png
 
 
 def results_kind(results: dict[str, Any]) -> ExperimentKind:
-    """The kind that made ``results`` (results written before kinds existed are a reasoners experiment's)."""
+    """The kind that made ``results`` (results that name none were written before there were other kinds)."""
     return get_kind(results.get("kind", DEFAULT_KIND))
 
 

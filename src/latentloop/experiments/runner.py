@@ -13,8 +13,8 @@ experiment file (``../nqueens8-gram.yaml``, as the file names it), and the exper
 
 The steps live beside this module: :mod:`~latentloop.experiments.training` (run configs, schedules, one
 model trained), :mod:`~latentloop.experiments.kinds` (what each kind evaluates and reports),
-:mod:`~latentloop.experiments.workers` (models side by side in worker processes) and
-:mod:`~latentloop.experiments.aggregation` (the results).
+:mod:`~latentloop.experiments.store` (the files each step keeps), :mod:`~latentloop.experiments.workers`
+(models side by side in worker processes) and :mod:`~latentloop.experiments.aggregation` (the results).
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ from typing import Any
 
 from latentloop.errors import UsageError
 from latentloop.experiments.aggregation import collect_results
-from latentloop.experiments.evaluation import write_json
 from latentloop.experiments.kinds import get_kind
 from latentloop.experiments.report import plot_examples, plot_results, report_markdown
 from latentloop.experiments.spec import Experiment, ModelSpec, positive_number
+from latentloop.experiments.store import write_json
 from latentloop.experiments.training import (
     check_run_configs,
     planned_steps,

@@ -14,9 +14,9 @@ import torch
 
 from latentloop.config import load_yaml
 from latentloop.errors import UsageError
-from latentloop.experiments.evaluation import read_json, write_json
 from latentloop.experiments.kinds import get_kind
 from latentloop.experiments.spec import Experiment, ModelSpec
+from latentloop.experiments.store import read_json, write_json
 from latentloop.models.recurrent_depth import RecurrentDepthLM
 from latentloop.train.loop import TrainResult, train
 from latentloop.train.run_config import build_reasoner_config, build_run_config

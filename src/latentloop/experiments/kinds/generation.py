@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 from latentloop.eval.generation import sample_run
-from latentloop.experiments.evaluation import portable, read_json, write_json
 from latentloop.experiments.kinds.base import ExperimentKind
 from latentloop.experiments.report import (
     percent,
@@ -19,6 +18,7 @@ from latentloop.experiments.report import (
     temperature_details,
 )
 from latentloop.experiments.spec import EvalSpec, Experiment, ModelSpec
+from latentloop.experiments.store import portable, read_json, write_json
 from latentloop.plotting import pyplot
 
 

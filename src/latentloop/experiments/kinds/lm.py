@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from latentloop.eval.lm import evaluate_lm
-from latentloop.experiments.evaluation import portable, read_json, write_json
 from latentloop.experiments.kinds.base import ExperimentKind
 from latentloop.experiments.report import percent, report_end, report_heading, save_figure
 from latentloop.experiments.spec import EvalSpec, Experiment, ModelSpec
+from latentloop.experiments.store import portable, read_json, write_json
 from latentloop.experiments.training import LM_RUNS
 from latentloop.plotting import pyplot
 

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 from latentloop.eval.reasoners import evaluate_reasoner, load_run, plot_boards, run_dataset
-from latentloop.experiments.evaluation import eval_steps, portable, read_json, write_json
 from latentloop.experiments.kinds.base import ExperimentKind
 from latentloop.experiments.report import (
     accuracy_lines,
@@ -20,6 +19,7 @@ from latentloop.experiments.report import (
     temperature_details,
 )
 from latentloop.experiments.spec import EvalSpec, Experiment, ModelSpec
+from latentloop.experiments.store import portable, read_json, write_json
 from latentloop.models.reasoners import REASONERS
 from latentloop.plotting import pyplot
 from latentloop.tasks.base import get_task
@@ -188,6 +188,14 @@ def evaluate_model(
     report = portable(report, folder.parent)
     write_json(folder / "eval.json", report)
     return report
+
+
+def eval_steps(arch: str, settings: EvalSpec) -> int | None:
+    """The supervision steps a reasoner ``arch`` is evaluated at: the experiment's ``eval.steps``, or
+    ``None`` (its own default) for a generative baseline."""
+    # The generative baselines decode with their own loop (AR: one pass; MDLM: its unmasking steps), so the
+    # experiment's supervision-step count does not apply to them.
+    return None if REASONERS[arch].generative else settings.steps
 
 
 def _fit_value(

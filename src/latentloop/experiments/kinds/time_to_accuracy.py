@@ -18,8 +18,8 @@ from typing import Any
 
 from latentloop.config import load_yaml
 from latentloop.eval.reasoners import evaluate_reasoner
-from latentloop.experiments.evaluation import eval_steps, read_json, write_json
 from latentloop.experiments.kinds.base import ExperimentKind
+from latentloop.experiments.kinds.reasoners import eval_steps
 from latentloop.experiments.report import (
     accuracy_lines,
     format_flops,
@@ -30,6 +30,7 @@ from latentloop.experiments.report import (
     temperature_details,
 )
 from latentloop.experiments.spec import EvalSpec, Experiment, ModelSpec
+from latentloop.experiments.store import read_json, write_json
 from latentloop.experiments.training import relative_config
 from latentloop.plotting import pyplot
 from latentloop.train.checkpoint import list_checkpoints, read_trainer_state

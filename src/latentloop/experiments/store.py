@@ -1,6 +1,5 @@
-"""What the kinds' evaluations share: the files each step stores in a model's folder (read back on a rerun that
-asks the same), paths written relative to the output folder, and the steps a puzzle reasoner is evaluated at.
-"""
+"""What each step of an experiment stores in a model's folder (``train.json``, ``eval.json``, ...): JSON written
+atomically, read back by a rerun that asks the same, with the run's paths relative to the output folder."""
 
 from __future__ import annotations
 
@@ -8,9 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from latentloop.experiments.spec import EvalSpec
 from latentloop.io import atomic_write_text
-from latentloop.models.reasoners import REASONERS
 from latentloop.paths import relative_path
 
 
@@ -43,11 +40,3 @@ def portable(report: dict[str, Any], base: Path) -> dict[str, Any]:
     if isinstance(fit, dict) and isinstance(fit.get("file"), str):
         report["value_fit"] = {**fit, "file": relative_path(fit["file"], base)}
     return report
-
-
-def eval_steps(arch: str, settings: EvalSpec) -> int | None:
-    """The supervision steps a reasoner ``arch`` is evaluated at: the experiment's ``eval.steps``, or
-    ``None`` (its own default) for a generative baseline."""
-    # The generative baselines decode with their own loop (AR: one pass; MDLM: its unmasking steps), so the
-    # experiment's supervision-step count does not apply to them.
-    return None if REASONERS[arch].generative else settings.steps
