@@ -317,29 +317,41 @@ def test_a_worker_is_sent_sigterm_once_the_run_that_started_it_is_killed(tmp_pat
     assert stopped.exists()
 
 
-def test_models_trained_side_by_side_train_as_they_do_one_at_a_time_on_as_many_threads(tmp_path, monkeypatch):
+def test_pinned_threads_per_model_give_the_same_numbers_side_by_side_and_one_at_a_time(tmp_path, monkeypatch):
     import torch
 
-    experiment = load_experiment(str(write_experiment(tmp_path, jobs=2)))
-    assert experiment.jobs == 2
-    threads = max(1, torch.get_num_threads() // 2)
+    experiment = load_experiment(str(write_experiment(tmp_path, jobs=2, threads_per_model=1)))
+    assert (experiment.jobs, experiment.threads_per_model) == (2, 1)
     side_by_side = run_experiment(experiment, tmp_path / "both", progress=False, log=lambda _: None)
-    assert side_by_side["jobs"] == 2 and side_by_side["threads_per_model"] == threads
+    assert side_by_side["jobs"] == 2 and side_by_side["threads_per_model"] == 1
     monkeypatch.setattr(experiment, "jobs", 1)
     before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        alone = run_experiment(experiment, tmp_path / "alone", progress=False, log=lambda _: None)
-    finally:
-        torch.set_num_threads(before)
-    assert alone["jobs"] == 1
+    alone = run_experiment(experiment, tmp_path / "alone", progress=False, log=lambda _: None)
+    assert torch.get_num_threads() == before  # the process's own count comes back
+    assert alone["jobs"] == 1 and alone["threads_per_model"] == 1
     for name in ("gram", "trm"):
         ours, theirs = side_by_side["models"][name], alone["models"][name]
-        assert ours["train"]["torch_threads"] == theirs["train"]["torch_threads"] == threads
+        assert ours["train"]["torch_threads"] == theirs["train"]["torch_threads"] == 1
         assert ours["train"]["final_loss"] == theirs["train"]["final_loss"]
         assert ours["eval"]["curve_samples"] == theirs["eval"]["curve_samples"]
     report = (tmp_path / "both" / "report.md").read_text()
-    assert "2 models at a time" in report
+    assert "2 models at a time, 1 thread each" in report
+
+
+def test_without_pinned_threads_each_model_gets_an_equal_share(tmp_path):
+    import torch
+
+    experiment = load_experiment(str(write_experiment(tmp_path, jobs=2)))
+    assert experiment.threads_per_model is None
+    results = run_experiment(experiment, tmp_path / "out", progress=False, log=lambda _: None)
+    assert results["threads_per_model"] == max(1, torch.get_num_threads() // 2)
+
+
+def test_every_shipped_experiment_pins_the_threads_of_the_reference_machine():
+    # The reference machine has 2 cores: models side by side get one each, a model alone gets both.
+    for name in available_experiments():
+        experiment = load_experiment(name)
+        assert experiment.threads_per_model == (1 if experiment.jobs > 1 else 2), name
 
 
 @pytest.mark.parametrize(
@@ -354,6 +366,8 @@ def test_models_trained_side_by_side_train_as_they_do_one_at_a_time_on_as_many_t
         ({"eval": {"fit_value": -1}}, "eval.fit_value"),
         ({"jobs": 0}, "jobs must be a whole number"),
         ({"jobs": 1.5}, "jobs must be a whole number"),
+        ({"threads_per_model": 0}, "threads_per_model must be a whole number"),
+        ({"threads_per_model": True}, "threads_per_model must be a whole number"),
     ],
 )
 def test_bad_experiment_files_are_usage_errors(tmp_path, changes, message):

@@ -54,14 +54,14 @@ def run_command(
         None,
         "--jobs",
         min=1,
-        help="Models trained at once, each on an equal share of the cores (default: the experiment's jobs).",
+        help="Models trained at once, each in its own process (default: the experiment's jobs).",
     ),
     threads: int = typer.Option(
         None,
         "--threads",
         min=1,
-        help="Torch threads of the whole experiment, shared by the models trained at once (default: torch's, "
-        "one per core). The schedules do not change with it.",
+        help="Torch threads of each model (default: the experiment's threads_per_model). The schedules do not "
+        "change with it, but the float rounding does: another count gives numbers like another seed's.",
     ),
     schedule: str = typer.Option(
         None,
@@ -122,9 +122,7 @@ def run_command(
 
         spec = scale_schedules(spec, positive_number(schedule, "--schedule"))
     if threads is not None:
-        import torch
-
-        torch.set_num_threads(threads)
+        spec.threads_per_model = threads
     out_dir = Path(out) if out else Path("runs") / spec.name
 
     def log(line: str) -> None:

@@ -44,10 +44,12 @@ new checkpoints. The report gives each model's final numbers, the point at which
 target, else the difference in final accuracy and coverage; ``curves.png`` draws accuracy and coverage against
 minutes, examples and FLOPs.
 
-``jobs: 2`` (or ``latentloop run --jobs 2``) trains and evaluates two models at once, each in its own process
-on half of the cores (``torch.set_num_threads``); each run's ``train.json`` records its ``torch_threads``.
-Whether that finishes sooner than taking turns on all cores depends on the model and the machine (measure it). Progress bars are off then, and each model logs
-its lines to standard error.
+``jobs: 2`` (or ``latentloop run --jobs 2``) trains and evaluates two models at once, each in its own process.
+``threads_per_model`` fixes the torch threads of each model (``latentloop run --threads N`` changes it): the
+thread count decides how reductions are split and so the float rounding, which a shipped experiment therefore
+fixes, so that its numbers are the same on a machine with any number of cores. Without it each model gets an
+equal share of this process's threads. Each run's ``train.json`` records its ``torch_threads``. Progress bars
+are off when models train side by side, and each model logs its lines to standard error.
 
 :func:`run_experiment` trains each model in ``OUT/<model>`` (resuming an interrupted run; a finished run is not
 trained again), evaluates it on the test split with depth (steps ``1..steps``) and width (samples

@@ -37,7 +37,7 @@ from latentloop.experiments.training import (
     scale_schedules,
     train_model,
 )
-from latentloop.experiments.workers import run_side_by_side, threads_per_job
+from latentloop.experiments.workers import run_side_by_side, threads_per_job, torch_threads
 from latentloop.io import atomic_write_text
 
 # The run's API: planned_steps and scale_schedules are the training module's, and the command line shortens an
@@ -96,7 +96,8 @@ def run_experiment(
     is reported as time-capped, N of its M planned steps. The experiment's kind
     (:mod:`latentloop.experiments.kinds`) decides the runs, what is measured on each and what the results and
     the report hold; with ``experiment.jobs`` above 1 the models train side by side
-    (:func:`latentloop.experiments.workers.run_side_by_side`).
+    (:func:`latentloop.experiments.workers.run_side_by_side`), each on ``experiment.threads_per_model`` torch
+    threads (by default an equal share of this process's).
     """
     out = Path(out)
     kind = get_kind(experiment.kind)
@@ -109,16 +110,18 @@ def run_experiment(
     _check_writable(out)
     jobs = min(experiment.jobs, len(experiment.models))
     started = datetime.datetime.now(datetime.timezone.utc)
+    threads = experiment.threads_per_model or threads_per_job(jobs)
     specs = kind.trained_specs(experiment)
     if jobs == 1:
-        rows = {
-            spec.name: model_row(experiment, index, spec, out, minutes, progress, log)
-            for index, spec in enumerate(specs)
-        }
+        with torch_threads(threads):
+            rows = {
+                spec.name: model_row(experiment, index, spec, out, minutes, progress, log)
+                for index, spec in enumerate(specs)
+            }
     else:
         calls = {spec.name: (experiment, index, spec, out, minutes) for index, spec in enumerate(specs)}
-        rows = run_side_by_side(model_row, calls, jobs)
-    results = collect_results(experiment, kind, rows, started, minutes, jobs, threads_per_job(jobs))
+        rows = run_side_by_side(model_row, calls, jobs, threads)
+    results = collect_results(experiment, kind, rows, started, minutes, jobs, threads)
     write_json(out / "results.json", results)
     atomic_write_text(out / "report.md", report_markdown(results))
     plot_results(results, out / "curves.png")

@@ -87,7 +87,11 @@ class Experiment:
     kind: str = DEFAULT_KIND
     overrides: list[str] = field(default_factory=list)  # given for this run (see load_experiment)
     targets: dict[str, float] = field(default_factory=dict)  # time-to-accuracy: metric -> percent
-    jobs: int = 1  # models trained and evaluated at once, each in its own process on a share of the cores
+    jobs: int = 1  # models trained and evaluated at once, each in its own process
+    # Torch threads of each model. The thread count decides how reductions are split, and so the float rounding:
+    # a shipped experiment fixes it, so that its numbers are the same bit for bit on a machine with more or
+    # fewer cores (given the same CPU kind and torch build). None: an equal share of this machine's threads.
+    threads_per_model: int | None = None
     # The share of every model's schedule trained (see latentloop.experiments.training.scale_schedules): 1 is
     # the experiment itself; less checks that its claims hold with a margin.
     schedule_fraction: float = 1.0
@@ -188,6 +192,12 @@ def _split_overrides(overrides: Sequence[str]) -> tuple[list[str], list[str]]:
     return run, evaluation
 
 
+def _whole_number(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UsageError(f"{name} must be a whole number of at least 1, got {value!r}")
+    return value
+
+
 def load_experiment(name_or_path: str, overrides: Sequence[str] = ()) -> Experiment:
     """An experiment by shipped name (``nqueens8``) or YAML path, validated with one-line errors.
 
@@ -262,9 +272,9 @@ def load_experiment(name_or_path: str, overrides: Sequence[str] = ()) -> Experim
         raise UsageError(f"{path}: kind must be one of {', '.join(KINDS)}, not {kind!r}")
     targets = _parse_targets(data.get("targets"), path)
     expected = data.get("expected_minutes")
-    jobs = data.get("jobs", 1)
-    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
-        raise UsageError(f"{path}: jobs must be a whole number of at least 1, got {jobs!r}")
+    jobs = _whole_number(data.get("jobs", 1), f"{path}: jobs")
+    threads = data.get("threads_per_model")
+    threads = None if threads is None else _whole_number(threads, f"{path}: threads_per_model")
     return Experiment(
         name=path.stem,
         path=path,
@@ -283,4 +293,5 @@ def load_experiment(name_or_path: str, overrides: Sequence[str] = ()) -> Experim
         overrides=list(overrides),
         targets=targets,
         jobs=jobs,
+        threads_per_model=threads,
     )

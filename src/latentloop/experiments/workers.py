@@ -3,13 +3,14 @@ that stops a worker whose ``latentloop run`` has died."""
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
@@ -42,6 +43,17 @@ def threads_per_job(jobs: int) -> int:
     return max(1, torch.get_num_threads() // jobs)
 
 
+@contextlib.contextmanager
+def torch_threads(threads: int) -> Iterator[None]:
+    """Run the block on ``threads`` torch threads, then restore the process's own count."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def _in_worker(threads: int, parent: int, function: Callable[..., Any], *args: Any) -> Any:
     """``function(*args, progress, log)`` in a worker process of its own, on ``threads`` of the machine's
     cores; it logs to standard error and shows no progress bar (several would overwrite each other).
@@ -56,15 +68,14 @@ def _in_worker(threads: int, parent: int, function: Callable[..., Any], *args: A
 
 
 def run_side_by_side(
-    function: Callable[..., Any], calls: dict[str, tuple[Any, ...]], jobs: int
+    function: Callable[..., Any], calls: dict[str, tuple[Any, ...]], jobs: int, threads: int
 ) -> dict[str, Any]:
     """``function(*args, progress, log)`` for each name -> ``args`` of ``calls``, ``jobs`` at once, each in its
-    own process on :func:`threads_per_job` of the cores; the results by name, in the order of ``calls``.
+    own process on ``threads`` torch threads; the results by name, in the order of ``calls``.
 
     ``function`` must be importable by name (a module's top-level function): the workers are spawned.
     A worker that stops (interrupted, killed, out of memory) ends the run as a ``KeyboardInterrupt``.
     """
-    threads = threads_per_job(jobs)
     context = multiprocessing.get_context("spawn")  # forking a process that has run torch is unsafe
     parent = os.getpid()
     try:
