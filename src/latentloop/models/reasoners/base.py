@@ -40,6 +40,7 @@ MIXERS = ("attention", "mlp", "mlp-t")
 ROPE_LAYOUTS = ("pairs", "halves")
 POS_ENCODINGS = ("rope", "learned", "rope+learned")
 INITS = ("default", "lecun")
+GUIDANCE = ("posterior", "prior", "none")
 Carry = dict[str, torch.Tensor]
 # arch -> class of every reasoner defined so far: a subclass with an ``arch`` registers itself (see Reasoner).
 REASONERS: dict[str, type[Reasoner]] = {}
@@ -76,6 +77,9 @@ class ReasonerConfig:
     inner: int = 4
     beta: float = 0.07
     kl_balance: float = 0.8
+    # GRAM's noise: posterior (the paper's model), prior (no posterior and no KL: the paper's ablation "without
+    # stochastic guidance") or none (fixed N(0, 0.1²) noise, no noise heads: "stochasticity only"); gram.py
+    guidance: str = "posterior"
     rope_base: float = 10_000.0
     # > 0: the input is a grid of this width read row by row, and attention uses axial 2-D RoPE over its rows
     # and columns (nn.rope.AxialRotaryEmbedding) instead of 1-D RoPE over the flat sequence
@@ -140,6 +144,8 @@ class ReasonerConfig:
         if self.beta < 0 or not 0 <= self.kl_balance <= 1:
             raise UsageError("model.beta must be >= 0 and model.kl_balance in [0, 1]")
 
+        if self.guidance not in GUIDANCE:
+            raise UsageError(f"model.guidance must be one of {', '.join(GUIDANCE)}, got {self.guidance!r}")
     @property
     def prefix_len(self) -> int:
         """Positions the puzzle embedding prepends to the input (0 without puzzle embeddings)."""

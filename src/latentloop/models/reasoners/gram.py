@@ -20,6 +20,18 @@ save in cross-entropy (N-Queens 8x8: the posterior pays ``(1 - α) · β = 0.014
 of cross-entropy saved per nat). A KL averaged over positions instead makes the same β 64 times cheaper: the
 posterior then writes the target into ``ε``, training accuracy (which decodes the posterior) reaches 100%
 while samples from the prior solve nothing, as measured on N-Queens 8x8.
+
+The paper's ablation (Section 4.4: full model; "without stochastic guidance"; "stochasticity only") is
+``config.guidance``. The excerpt names the variants without defining them; the readings here:
+
+- ``posterior`` (the full model): training draws ``ε`` from the posterior ``q(ε | u, y)``, inference from the
+  prior ``p(ε | u)``, and the loss adds the KL between them.
+- ``prior`` ("without stochastic guidance": the target no longer guides the noise): no posterior and no target
+  embedding. Training draws ``ε`` from the learned prior ``p(ε | u)`` as inference does, so ``μ`` and ``σ``
+  learn only through the reparameterised cross-entropy, and the KL is 0.
+- ``none`` ("stochasticity only": noise without any learned guidance): no noise heads at all. Training and
+  inference draw ``ε ~ N(0, σ₀²)`` with the fixed ``σ₀ = 0.1`` (the noise heads' starting ``σ``), whatever
+  ``u`` is; the temperature scales ``σ₀`` at inference as it scales the prior's ``σ``. The KL is 0.
 """
 
 from __future__ import annotations
@@ -35,6 +47,8 @@ from latentloop.errors import UsageError
 from latentloop.models.reasoners.base import Carry, Reasoner, ReasonerConfig, ReasonerOutput, ReasoningModule
 
 _MIN_STD = 1e-3
+#: σ₀ of ``guidance="none"``: the noise heads' starting σ, so the variants start from the same noise.
+FIXED_STD = 0.1
 
 
 class NoiseHead(nn.Module):
@@ -49,7 +63,7 @@ class NoiseHead(nn.Module):
         nn.init.zeros_(self.proj.weight)
         nn.init.zeros_(self.proj.bias)
         with torch.no_grad():  # softplus(b) + min = 0.1
-            self.proj.bias[dim:] = math.log(math.expm1(0.1 - _MIN_STD))
+            self.proj.bias[dim:] = math.log(math.expm1(FIXED_STD - _MIN_STD))
 
     def forward(self, feature: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         mu, raw = self.proj(feature).float().chunk(2, dim=-1)
@@ -75,7 +89,8 @@ def balanced_kl(
 
 
 class GRAMReasoner(Reasoner):
-    """f_L and f_H (``n_layers`` blocks each, ending in RMSNorm), a prior and a posterior noise head."""
+    """f_L and f_H (``n_layers`` blocks each, ending in RMSNorm) and the noise of ``config.guidance``: a prior
+    and a posterior noise head (posterior), the prior alone (prior) or none (none)."""
 
     arch = "gram"
     stochastic = True
@@ -84,10 +99,13 @@ class GRAMReasoner(Reasoner):
         super().__init__(config)
         self.f_L = ReasoningModule(config)
         self.f_H = ReasoningModule(config)
-        self.prior = NoiseHead(config.dim)
-        self.posterior = NoiseHead(config.dim)
-        self.target_embed = nn.Embedding(config.vocab_size, config.dim)
-        nn.init.normal_(self.target_embed.weight, std=1.0 / math.sqrt(config.dim))
+        # The ablations lack the parts they ablate, so no optimizer step or weight decay can touch them.
+        self.prior = NoiseHead(config.dim) if config.guidance != "none" else None
+        self.posterior = NoiseHead(config.dim) if config.guidance == "posterior" else None
+        self.target_embed = None
+        if config.guidance == "posterior":
+            self.target_embed = nn.Embedding(config.vocab_size, config.dim)
+            nn.init.normal_(self.target_embed.weight, std=1.0 / math.sqrt(config.dim))
         self.init_state("h_init")
         self.init_state("l_init")
 
@@ -105,16 +123,22 @@ class GRAMReasoner(Reasoner):
         temperature: float = 1.0,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One transition: ``(h, l, kl)``; the posterior is used when the target embedding ``e_y`` is given,
-        the prior's ``σ`` scaled by ``temperature`` otherwise."""
+        the prior's ``σ`` (or the fixed ``σ₀`` of ``guidance="none"``) scaled by ``temperature`` otherwise."""
         for _ in range(self.config.inner):
             l = self.f_L(l, h + e_x, rope)  # noqa: E741
         u = self.f_H(h, l, rope)
-        mu_p, std_p = self.prior(u)
-        if e_y is None:
-            mu, std, kl = mu_p, std_p * temperature, torch.zeros(u.shape[0], device=u.device)
+        kl = torch.zeros(u.shape[0], device=u.device)
+        if self.prior is None:  # stochasticity only: N(0, σ₀²) whatever u is
+            mu = torch.zeros(u.shape, device=u.device)
+            std = torch.full(u.shape, FIXED_STD * temperature, device=u.device)
         else:
-            mu, std = self.posterior(u + e_y)
-            kl = balanced_kl(mu, std, mu_p, std_p, self.config.kl_balance)
+            mu_p, std_p = self.prior(u)
+            if e_y is None:
+                mu, std = mu_p, std_p * temperature
+            else:
+                assert self.posterior is not None
+                mu, std = self.posterior(u + e_y)
+                kl = balanced_kl(mu, std, mu_p, std_p, self.config.kl_balance)
         eps = mu + std * torch.randn_like(std)  # reparameterised: the gradient reaches μ and σ
         return u + eps.to(u.dtype), l, kl
 
@@ -125,11 +149,14 @@ class GRAMReasoner(Reasoner):
         target: torch.Tensor | None = None,
         temperature: float = 1.0,
     ) -> tuple[Carry, ReasonerOutput]:
-        """One supervision step; without ``target`` the noise comes from the prior at ``temperature``."""
+        """One supervision step; without ``target`` (or without a posterior, ``config.guidance`` prior or
+        none) the noise comes from the prior, or the fixed noise, at ``temperature``."""
         if temperature < 0:
             raise UsageError(f"temperature must be >= 0, got {temperature}")
         e_x, rope = self.embed_input(batch["inputs"], batch.get("puzzle_ids"))
-        e_y = None if target is None else self.target_embed(label_tokens(target).long())
+        e_y = None
+        if target is not None and self.target_embed is not None:
+            e_y = self.target_embed(label_tokens(target).long())
         if e_y is not None and self.config.prefix_len:  # the puzzle-embedding positions have no target
             e_y = F.pad(e_y, (0, 0, self.config.prefix_len, 0))
         h, l = carry["h"], carry["l"]  # noqa: E741
