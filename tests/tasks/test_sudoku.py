@@ -123,6 +123,27 @@ def test_generator_is_deterministic_and_respects_tiers() -> None:
         S.generate(np.random.default_rng(0), (2, 2), tier="extreme", max_candidates=20)
 
 
+def test_tier_stats_describe_the_candidates_that_fall_in_each_tier() -> None:
+    box = (2, 3)
+    stats = S.tier_stats(80, box=box, seed=1)
+    rng = np.random.default_rng(1)  # the same candidates, made and rated here
+    puzzles = [S.minimal_puzzle(S.random_solution(rng, box), rng, box) for _ in range(80)]
+    ratings = np.array([S.rate(p, box) for p in puzzles])
+    clues = np.array([(p > 0).sum() for p in puzzles])
+    assert [s.tier for s in stats] == list(S.TIERS)
+    assert sum(s.candidates for s in stats) == 80  # the tiers partition the ratings
+    for s in stats:
+        low, high = s.bounds
+        inside = (ratings >= low) & (ratings <= (high if high is not None else ratings.max()))
+        assert (s.candidates, s.share) == (inside.sum(), inside.mean())
+        if inside.any():
+            assert s.ratings == (ratings[inside].min(), ratings[inside].max(), np.median(ratings[inside]))
+            assert s.clues == (clues[inside].min(), clues[inside].max(), pytest.approx(clues[inside].mean()))
+            assert f"clues {clues[inside].min()}..{clues[inside].max()}" in s.line()
+        else:
+            assert s.ratings is None and "none drawn" in s.line()
+
+
 @SETTINGS
 @given(seed=st.integers(0, 2**32 - 1), box=st.sampled_from([(2, 2), (2, 3), (3, 2), (3, 3)]))
 def test_augmentation_preserves_validity(seed: int, box: tuple[int, int]) -> None:

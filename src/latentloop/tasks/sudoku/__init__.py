@@ -12,11 +12,13 @@ guesses rate a puzzle's difficulty), :mod:`~latentloop.tasks.sudoku.generator` (
 
 from latentloop.tasks.sudoku.generator import (
     TIERS,
+    TierStats,
     augment,
     generate,
     minimal_puzzle,
     random_solution,
     tier_bounds,
+    tier_stats,
 )
 from latentloop.tasks.sudoku.io import SudokuTable, find_clash, format_grid, load_sudoku_csv, parse_grid
 from latentloop.tasks.sudoku.solver import (
@@ -40,6 +42,7 @@ __all__ = [
     "SolveResult",
     "SudokuTable",
     "SudokuTask",
+    "TierStats",
     "augment",
     "count_violations",
     "find_clash",
@@ -54,4 +57,5 @@ __all__ = [
     "solve",
     "solve_many",
     "tier_bounds",
+    "tier_stats",
 ]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from latentloop.errors import UsageError
@@ -69,6 +71,65 @@ def generate(
         f"no {n}x{n} puzzle rated {low}..{'' if high is None else high} in {max_candidates} candidates; "
         "choose an easier tier or a wider rating range"
     )
+
+
+@dataclass
+class TierStats:
+    """What the generator's puzzles of one tier look like: the share of candidates that fall in it, and the
+    ratings (guesses) and clue counts of those candidates."""
+
+    tier: str
+    bounds: tuple[int, int | None]
+    candidates: int  # of the candidates drawn, how many fell in this tier
+    share: float  # candidates / all candidates drawn
+    ratings: tuple[int, int, float] | None  # min, max, median; None when no candidate fell in the tier
+    clues: tuple[int, int, float] | None  # min, max, mean
+
+    def line(self) -> str:
+        """One line of a human report."""
+        high = "" if self.bounds[1] is None else self.bounds[1]
+        head = f"{self.tier:<8} rating {self.bounds[0]}..{high}: {self.share:6.1%} of candidates"
+        if self.ratings is None or self.clues is None:
+            return f"{head}, none drawn"
+        (r_lo, r_hi, r_med), (c_lo, c_hi, c_mean) = self.ratings, self.clues
+        return (
+            f"{head} ({self.candidates}); ratings {r_lo}..{r_hi} (median {r_med:g}); "
+            f"clues {c_lo}..{c_hi} (mean {c_mean:.1f})"
+        )
+
+
+def tier_stats(
+    candidates: int = 1000,
+    box: tuple[int, int] = (3, 3),
+    seed: int = 0,
+    tiers: dict[str, tuple[int, int | None]] | None = None,
+) -> list[TierStats]:
+    """Ratings and clue counts of the generator's puzzles per tier, from ``candidates`` candidates made as
+    :func:`generate` makes them (a random grid, then a minimal puzzle), each rated and put in its tier.
+
+    :func:`generate` keeps the first candidate in the asked range, so a tier's puzzles are distributed as the
+    candidates that fall in it: these statistics describe what a dataset of that tier holds.
+    """
+    rng = np.random.default_rng(seed)
+    ratings, clues = np.empty(candidates, np.int64), np.empty(candidates, np.int64)
+    for i in range(candidates):
+        puzzle = minimal_puzzle(random_solution(rng, box), rng, box)
+        ratings[i], clues[i] = rate(puzzle, box), int((puzzle > 0).sum())
+    out = []
+    for name, (low, high) in (tiers or TIERS).items():
+        inside = (ratings >= low) & (True if high is None else ratings <= high)
+        r, c = ratings[inside], clues[inside]
+        out.append(
+            TierStats(
+                tier=name,
+                bounds=(low, high),
+                candidates=int(inside.sum()),
+                share=float(inside.mean()) if candidates else 0.0,
+                ratings=(int(r.min()), int(r.max()), float(np.median(r))) if len(r) else None,
+                clues=(int(c.min()), int(c.max()), float(c.mean())) if len(c) else None,
+            )
+        )
+    return out
 
 
 def augment(
