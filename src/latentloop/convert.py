@@ -14,6 +14,8 @@ Both official models map onto latentloop's TRM and HRM exactly:
   ``L_cycles`` become ``cycles`` and ``inner``, ``halt_max_steps`` becomes ``n_sup``;
 - rotary embeddings rotate the two halves of each head, as in the official code (``model.rope_layout:
   halves``; latentloop's own models rotate adjacent pairs);
+- ``pos_encodings`` ``rope``, ``learned`` and ``none`` become ``model.pos_encoding`` of the same name (TRM's
+  best Sudoku model is ``mlp_t`` with ``none``); the learned table ``embed_pos`` becomes ``pos_embed``;
 - the official ``q_head`` (``[q_halt, q_continue]``) is split into the halting head's two outputs; TRM with
   ``no_ACT_continue`` halts on ``q_halt > 0`` (``halting: bce``), HRM on ``q_halt > q_continue``
   (``halting: q-learning``).
@@ -53,6 +55,8 @@ _MODEL_NAMES = {
     ),
 }
 _PREFIXES = ("_orig_mod.", "model.", "inner.")
+# The official ``pos_encodings``: each is latentloop's ``model.pos_encoding`` of the same name.
+OFFICIAL_POS_ENCODINGS = ("rope", "learned", "none")
 
 
 def read_official_config(path: str | Path) -> dict[str, Any]:
@@ -123,8 +127,11 @@ def reasoner_config(
             f"the configuration is for {name!r}, not an official {kind.upper()} "
             f"({' or '.join(_MODEL_NAMES[kind])}); the other official variants are not supported"
         )
-    if arch.get("pos_encodings", "rope") != "rope":
-        raise UsageError(f"pos_encodings {arch['pos_encodings']!r} is not supported (only rope)")
+    pos_encoding = str(arch.get("pos_encodings", "rope"))
+    if pos_encoding not in OFFICIAL_POS_ENCODINGS:
+        raise UsageError(
+            f"pos_encodings {pos_encoding!r} is not an official option (one of {', '.join(OFFICIAL_POS_ENCODINGS)})"
+        )
 
     def need(key: str) -> Any:
         if key not in arch:
@@ -183,6 +190,7 @@ def reasoner_config(
         puzzle_dim=puzzle_dim,
         norm_weight=False,
         rope_layout="halves",
+        pos_encoding=pos_encoding,
         init="lecun",
     )
 
@@ -206,6 +214,8 @@ def convert_state_dict(
         value = value.float()
         if key == "embed_tokens.embedding_weight":
             out["embed.weight"] = value
+        elif key == "embed_pos.embedding_weight":
+            out["pos_embed.weight"] = value
         elif key == "lm_head.weight":
             out["lm_head.weight"] = value
         elif key in ("q_head.weight", "q_head.bias"):
@@ -232,10 +242,13 @@ def official_state_dict(model: Reasoner) -> dict[str, torch.Tensor]:
     (``model.inner.`` keys, as ``pretrain.py`` saves it without compiling): the inverse of
     :func:`convert_state_dict`. The value head, which the official models lack, is left out."""
     c = model.config
-    if model.arch not in KINDS or c.norm_weight or c.rope_layout != "halves" or c.mixer == "mlp":
+    official_layout = (
+        c.pos_encoding in OFFICIAL_POS_ENCODINGS and not c.norm_weight and c.rope_layout == "halves"
+    )
+    if model.arch not in KINDS or not official_layout or c.mixer == "mlp":
         raise UsageError(
             "only a trm or hrm with the official layout (model.norm_weight false, model.rope_layout halves, "
-            "mixer attention or mlp-t) has an official state dict"
+            f"mixer attention or mlp-t, pos_encoding {', '.join(OFFICIAL_POS_ENCODINGS)}) has an official state dict"
         )
     stacks = {"net": "L_level", "L": "L_level", "H": "H_level"}
     layer = {
@@ -256,6 +269,8 @@ def official_state_dict(model: Reasoner) -> dict[str, torch.Tensor]:
     }
     if c.puzzles:
         official["puzzle_emb.weights"] = mine["puzzle_embed.weight"]
+    if "pos_embed.weight" in mine:
+        official["embed_pos.embedding_weight"] = mine["pos_embed.weight"]
     for key, value in mine.items():
         if key in inits:
             official[inits[key]] = value

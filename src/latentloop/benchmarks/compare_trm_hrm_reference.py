@@ -6,7 +6,8 @@ run time (it needs ``pydantic`` and ``einops``). HRM is taken from that reposito
 ``models/recursive_reasoning/hrm.py``, the HRM model of ``sapientinc/HRM`` with PyTorch's attention in place
 of FlashAttention.
 
-For each variant (TRM with attention, TRM with ``mlp_t``, HRM) the script builds the official model on random
+For each variant (TRM with attention or ``mlp_t``, HRM; each with rotary, learned or no position encodings,
+the official ``pos_encodings`` ``rope``, ``learned`` and ``none``) the script builds the official model on random
 fp32 weights, with a random Q-head so that samples halt at different steps, and saves its state dict as
 ``pretrain.py`` does (one variant with the ``_orig_mod.`` prefix of a compiled model). It converts that file
 with :func:`latentloop.convert.official_reasoner` and runs 16 supervision steps of the official ACT training
@@ -84,13 +85,34 @@ def arch(kind: str, **changes: Any) -> dict[str, Any]:
     return {**base, **changes}
 
 
+# The position encodings' variants have one layer (they differ from the first three only in the input
+# embedding, and their fixtures stay small) and a width whose square root, the embedding scale, is not a power
+# of two: multiplying by it rounds, so the order of the embedding's arithmetic must be the official one.
+SMALL = {"L_layers": 1, "hidden_size": 24, "num_heads": 2}
 VARIANTS = {
     "trm-attention": ("trm", arch("trm"), True),  # (kind, architecture, saved as a compiled model)
     "trm-mlp_t": ("trm", arch("trm", mlp_t=True), False),
     "hrm": ("hrm", arch("hrm", puzzle_emb_len=0), False),
+    # TRM's best Sudoku-Extreme model (87.4%): its README's ``arch.mlp_t=True arch.pos_encodings=none``
+    "trm-mlp_t-none": ("trm", arch("trm", mlp_t=True, pos_encodings="none", **SMALL), False),
+    "trm-mlp_t-learned": ("trm", arch("trm", mlp_t=True, pos_encodings="learned", **SMALL), False),
+    "trm-attention-learned": ("trm", arch("trm", pos_encodings="learned", **SMALL), True),
+    "trm-attention-none": ("trm", arch("trm", pos_encodings="none", **SMALL), False),
+    "hrm-learned": ("hrm", arch("hrm", puzzle_emb_len=0, pos_encodings="learned", **SMALL), False),
+    "hrm-none": ("hrm", arch("hrm", puzzle_emb_len=0, pos_encodings="none", **SMALL), False),
 }
 # Q-head biases (q_halt, q_continue) under which samples halt at different steps, not all at once or never.
-Q_BIAS = {"trm-attention": (-1.7, 0.0), "trm-mlp_t": (-1.0, 0.0), "hrm": (0.0, -0.5)}
+Q_BIAS = {
+    "trm-attention": (-1.7, 0.0),
+    "trm-mlp_t": (-1.0, 0.0),
+    "hrm": (0.0, -0.5),
+    "trm-mlp_t-none": (-0.5, 0.0),
+    "trm-mlp_t-learned": (-1.0, 0.0),
+    "trm-attention-learned": (-0.5, 0.0),
+    "trm-attention-none": (-0.7, 0.0),
+    "hrm-learned": (0.0, 0.0),
+    "hrm-none": (-0.5, 0.0),
+}
 SHAPE = {"batch": 4, "seq_len": 9, "vocab": 12, "puzzles": 3}  # the parity checks'
 SPEED_SHAPE = {"batch": 64, "seq_len": 81, "vocab": 11, "puzzles": 1}  # the official Sudoku data's
 
@@ -236,6 +258,9 @@ def parity(classes: dict[str, Any], fixture: Path | None, seed: int) -> dict[str
         values = [*result["max_abs_diff"].values(), result["gradient_max_abs_diff"]]
         result["passes"] = result["halting_agrees"] and max(values) <= TOLERANCE
         result["saved_keys_prefix"] = "_orig_mod.model.inner." if compiled else "model.inner."
+        result["arch"] = {
+            k: architecture[k] for k in ("mlp_t", "pos_encodings", "hidden_size", "L_layers", "H_layers")
+        }
         results[name] = result
         if fixture is not None:
             write_fixture(fixture / f"{name}.safetensors", kind, architecture, state, batch, labels, theirs)

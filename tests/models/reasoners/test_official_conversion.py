@@ -8,6 +8,7 @@ the official code is not needed here.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -18,10 +19,11 @@ from safetensors.torch import load_file
 from latentloop.cli import main
 from latentloop.convert import act_rollout, official_reasoner, official_state_dict, read_official_config
 from latentloop.errors import UsageError
-from latentloop.models.reasoners import ReasonerConfig, build_reasoner
+from latentloop.models.reasoners import ReasonerConfig, build_reasoner, load_reasoner
 from latentloop.models.reasoners.base import swiglu_width, truncated_normal_
 
 FIXTURES = sorted((Path(__file__).parent / "fixtures" / "official").glob("*.safetensors"))
+FIXTURE = {path.stem: path for path in FIXTURES}
 CARRY = {"trm": {"z_H": "y", "z_L": "z"}, "hrm": {"z_H": "z_H", "z_L": "z_L"}}
 
 
@@ -34,8 +36,21 @@ def official_weights(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor
     return {k.removeprefix("official."): v for k, v in tensors.items() if k.startswith("official.")}
 
 
-def test_the_fixtures_cover_attention_mlp_t_and_hrm() -> None:
-    assert [p.stem for p in FIXTURES] == ["hrm", "trm-attention", "trm-mlp_t"]
+def test_the_fixtures_cover_attention_mlp_t_and_hrm_with_each_position_encoding() -> None:
+    assert sorted(FIXTURE) == [
+        "hrm",
+        "hrm-learned",
+        "hrm-none",
+        "trm-attention",
+        "trm-attention-learned",
+        "trm-attention-none",
+        "trm-mlp_t",
+        "trm-mlp_t-learned",
+        "trm-mlp_t-none",
+    ]
+    # TRM's best Sudoku-Extreme model (87.4%) is mlp_t without position encodings
+    famous = json.loads(read_fixture(FIXTURE["trm-mlp_t-none"])[0]["arch"])
+    assert famous["mlp_t"] and famous["pos_encodings"] == "none"
 
 
 def official_records(
@@ -84,7 +99,7 @@ def test_converted_models_match_the_official_code_at_every_supervision_step(path
 
 
 def test_a_saved_file_with_the_compiled_prefix_loads_the_same_model(tmp_path: Path) -> None:
-    meta, tensors = read_fixture(FIXTURES[1])
+    meta, tensors = read_fixture(FIXTURE["trm-attention"])
     weights = official_weights(tensors)
     assert all(key.startswith("_orig_mod.model.inner.") for key in weights)
     plain = {key.removeprefix("_orig_mod."): value for key, value in weights.items()}
@@ -132,11 +147,64 @@ TRM_ARCH = {
 }
 
 
-def test_official_state_dict_is_the_inverse_of_the_conversion() -> None:
-    model = official_layout_trm()
-    back = official_reasoner("trm", official_state_dict(model), TRM_ARCH, seq_len=16).state_dict()
-    mine = model.state_dict()
+@pytest.mark.parametrize("mixer", ["attention", "mlp-t"])
+@pytest.mark.parametrize("positions", ["rope", "learned", "none"])
+def test_official_state_dict_is_the_inverse_of_the_conversion(mixer: str, positions: str) -> None:
+    model = official_layout_trm(mixer=mixer, pos_encoding=positions)
+    official = official_state_dict(model)
+    assert ("model.inner.embed_pos.embedding_weight" in official) == (positions == "learned")
+    arch = TRM_ARCH | {"mlp_t": mixer == "mlp-t", "pos_encodings": positions}
+    converted = official_reasoner("trm", official, arch, seq_len=16)
+    assert converted.config.pos_encoding == positions and converted.config.mixer == mixer
+    back, mine = converted.state_dict(), model.state_dict()
+    assert back.keys() == mine.keys()
     assert all(torch.equal(back[k], mine[k]) for k in mine if not k.startswith("value_head."))
+
+
+def test_only_the_official_position_encodings_have_an_official_state_dict() -> None:
+    with pytest.raises(UsageError, match="official layout"):
+        official_state_dict(official_layout_trm(pos_encoding="rope+learned"))
+
+
+def test_the_input_embedding_follows_the_official_arithmetic() -> None:
+    """The official ``_input_embeddings``: ``sqrt(dim) * (0.707106781 * (tokens + positions))``, the puzzle
+    prefix zero-padded before the tokens. At width 24 its scale rounds, so only that order gives the official
+    numbers to the last bit."""
+    model = official_layout_trm(
+        dim=24, pos_encoding="learned", puzzles=2, puzzle_tokens=2, puzzle_dim=16, init="lecun"
+    )
+    with torch.no_grad():
+        model.puzzle_embed.weight.normal_()
+    inputs, puzzle_ids = torch.randint(0, 3, (5, 16)), torch.tensor([0, 1, 1, 0, 1])
+    embedded, rope = model.embed_input(inputs, puzzle_ids)
+    prefix = torch.nn.functional.pad(model.puzzle_embed(puzzle_ids), (0, 2 * 24 - 16)).view(5, 2, 24)
+    official = torch.cat([prefix, model.embed(inputs)], dim=1)
+    official = math.sqrt(24) * (0.707106781 * (official + model.pos_embed.weight))
+    assert rope is None and torch.equal(embedded, official)
+    none = official_layout_trm(pos_encoding="none", mixer="mlp-t")
+    embedded, rope = none.embed_input(inputs)
+    assert none.pos_embed is None and rope is None
+    assert torch.equal(embedded, math.sqrt(16) * none.embed(inputs))
+
+
+def test_convert_takes_trms_best_sudoku_configuration(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """TRM's README trains its best Sudoku-Extreme model with ``arch.mlp_t=True arch.pos_encodings=none``."""
+    model = official_layout_trm(mixer="mlp-t", pos_encoding="none")
+    torch.save(official_state_dict(model), tmp_path / "step_100")
+    arch = TRM_ARCH | {"mlp_t": True, "pos_encodings": "none"}
+    (tmp_path / "all_config.yaml").write_text(json.dumps({"arch": arch, "lr": 1e-4}))
+    out = tmp_path / "converted"
+    args = ["convert", "trm", str(tmp_path / "step_100"), "--config", str(tmp_path / "all_config.yaml")]
+    assert main([*args, "--out", str(out)]) == 0  # mlp_t's weights give the sequence length
+    loaded = load_reasoner(out)
+    assert loaded.config.pos_encoding == "none" and loaded.config.mixer == "mlp-t"
+    mine = {k: v for k, v in model.state_dict().items() if not k.startswith("value_head.")}
+    assert all(torch.equal(loaded.state_dict()[k], v) for k, v in mine.items())
+    capsys.readouterr()
+    (tmp_path / "all_config.yaml").write_text(json.dumps({"arch": arch | {"pos_encodings": "alibi"}}))
+    assert main([*args, "--out", str(tmp_path / "bad")]) == 2
+    assert not (tmp_path / "bad").exists()
+    assert capsys.readouterr().err.count("\n") == 1
 
 
 def test_refusals_name_the_problem_in_one_line(tmp_path: Path) -> None:
@@ -165,7 +233,9 @@ def test_refusals_name_the_problem_in_one_line(tmp_path: Path) -> None:
         official_reasoner("trm", weights, TRM_ARCH | {"puzzle_emb_ndim": 16, "puzzle_emb_len": 1}, seq_len=16)
     with pytest.raises(UsageError, match=r"no L_level\.layers\.0\.mlp_t"):
         official_reasoner("trm", weights, TRM_ARCH | {"mlp_t": True}, seq_len=16)
-    with pytest.raises(UsageError, match="only rope"):
+    with pytest.raises(UsageError, match="'sincos' is not an official option"):
+        official_reasoner("trm", weights, TRM_ARCH | {"pos_encodings": "sincos"}, seq_len=16)
+    with pytest.raises(UsageError, match=r"lacks pos_embed\.weight"):
         official_reasoner("trm", weights, TRM_ARCH | {"pos_encodings": "learned"}, seq_len=16)
 
 
@@ -184,6 +254,10 @@ def test_the_official_options_build_the_official_shapes() -> None:
     assert state["puzzle_embed.weight"].shape == (2, 16)
     assert not any("norm" in key for key in state)
     assert model.config.hidden == 256
+    # The learned position table starts as the official one: truncated LeCun-normal, within two (uncorrected)
+    # deviations of 1/sqrt(16)
+    learned = official_layout_trm(pos_encoding="learned", init="lecun").pos_embed.weight
+    assert float(learned.abs().max()) <= 2 * 0.25 / 0.8796 + 1e-6
     for key, value in {"mixer": "conv", "rope_layout": "spiral", "init": "xavier", "expansion": -1}.items():
         with pytest.raises(UsageError, match=f"model.{key}"):
             official_layout_trm(**{key: value})

@@ -38,7 +38,7 @@ from latentloop.nn import BLOCKS, AxialRotaryEmbedding, RMSNorm, RotaryEmbedding
 
 MIXERS = ("attention", "mlp", "mlp-t")
 ROPE_LAYOUTS = ("pairs", "halves")
-POS_ENCODINGS = ("rope", "learned", "rope+learned")
+POS_ENCODINGS = ("rope", "learned", "rope+learned", "none")
 INITS = ("default", "lecun")
 GUIDANCE = ("posterior", "prior", "none")
 Carry = dict[str, torch.Tensor]
@@ -86,7 +86,8 @@ class ReasonerConfig:
     rope_grid: int = 0
     rope_layout: str = "pairs"  # which dimensions rotate together: adjacent pairs | halves (HRM/TRM code)
     # how attention knows positions: rotary tables (rope), a learned embedding per position added to the
-    # input (learned, HRM/TRM's pos_encodings="learned"), or both
+    # input (learned, HRM/TRM's pos_encodings="learned"), both, or none (TRM's pos_encodings="none": its mlp-t
+    # mixer reads each position through its own weights; attention then sees a set)
     pos_encoding: str = "rope"
     norm_eps: float = 1e-5
     halting: str = "bce"  # how the Q-head is trained and read: bce | q-learning (see heads.py)
@@ -284,9 +285,11 @@ class Reasoner(PushToHub, nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``(e_x, rope)``: the input embedding (scaled to unit RMS like the normalised states), after the
         puzzle's embedding positions when the model has them, and the rotary tables of its positions (None
-        under ``pos_encoding="learned"``). A learned position embedding is added to the input's and the sum
+        without rope in ``pos_encoding``). A learned position embedding is added to the input's and the sum
         scaled by ``1/sqrt(2)``, which keeps it at unit RMS (as HRM's code does)."""
-        e_x = self.embed(inputs.long()) * math.sqrt(self.config.dim)
+        # Scaled once at the end, after the positions are added, in the official HRM/TRM order: a converted
+        # checkpoint then rounds as the official code does.
+        e_x = self.embed(inputs.long())
         if self.puzzle_embed is not None:
             if puzzle_ids is None:
                 raise UsageError(
@@ -295,10 +298,11 @@ class Reasoner(PushToHub, nn.Module):
             prefix = self.puzzle_embed(puzzle_ids.long())
             padding = self.config.puzzle_tokens * self.config.dim - prefix.shape[-1]
             prefix = F.pad(prefix, (0, padding)).view(len(inputs), self.config.puzzle_tokens, -1)
-            e_x = torch.cat([prefix.to(e_x.dtype) * math.sqrt(self.config.dim), e_x], dim=1)
+            e_x = torch.cat([prefix.to(e_x.dtype), e_x], dim=1)
         if self.pos_embed is not None:
-            e_x = (e_x + self.pos_embed.weight.to(e_x.dtype) * math.sqrt(self.config.dim)) * math.sqrt(0.5)
-        if self.config.pos_encoding == "learned":
+            e_x = (e_x + self.pos_embed.weight.to(e_x.dtype)) * math.sqrt(0.5)
+        e_x = e_x * math.sqrt(self.config.dim)
+        if "rope" not in self.config.pos_encoding:
             return e_x, None
         return e_x, self.rope.tables(torch.arange(e_x.shape[1], device=inputs.device))
 
@@ -402,8 +406,8 @@ def truncated_normal_(tensor: torch.Tensor, std: float) -> torch.Tensor:
 @torch.no_grad()
 def lecun_init(model: Reasoner) -> None:
     """``model.init="lecun"``: every linear weight truncated-normal with std ``1/sqrt(fan_in)`` and zero biases,
-    the token embedding with std ``1/sqrt(dim)``, as in the official HRM/TRM. The Q-head keeps its start
-    (zero weights, bias -5) and the puzzle embeddings stay zero."""
+    the token and learned position embeddings with std ``1/sqrt(dim)``, as in the official HRM/TRM. The Q-head
+    keeps its start (zero weights, bias -5) and the puzzle embeddings stay zero."""
     for name, module in model.named_modules():
         if name.startswith("halt_head"):
             continue
@@ -412,6 +416,8 @@ def lecun_init(model: Reasoner) -> None:
             if module.bias is not None:
                 nn.init.zeros_(module.bias)
     truncated_normal_(model.embed.weight, 1 / math.sqrt(model.config.dim))
+    if model.pos_embed is not None:
+        truncated_normal_(model.pos_embed.weight, 1 / math.sqrt(model.config.dim))
 
 
 def num_parameters(model: nn.Module) -> int:
