@@ -113,7 +113,7 @@ class LatentloopLM(LM):
             folder = _checkpoint_folder(pretrained, revision)
             model = RecurrentDepthLM.from_pretrained(folder, dtype=_DTYPES[dtype], device=target)
         self.model = model.eval()
-        self._device = self.model.transformer.wte.weight.device
+        self._device = self.model.embedding.weight.device
         if tokenizer is None and folder is not None and (folder / "tokenizer.json").is_file():
             tokenizer = folder / "tokenizer.json"
         self.tokenizer = tokenizer if isinstance(tokenizer, Tokenizer) else load_tokenizer(tokenizer)

@@ -117,12 +117,12 @@ class _Sequences:
         capacity: int,
     ) -> None:
         self.model, self.depth, self.init_scale = model, depth, config.init_scale
-        self.device = model.transformer.wte.weight.device
+        self.device = model.embedding.weight.device
         self.ids = input_ids.to(self.device)
         self.mask = None if attention_mask is None else attention_mask.to(self.device).long()
         self.cache = None
         if config.use_cache:
-            model_config, dtype = model.config, model.transformer.wte.weight.dtype
+            model_config, dtype = model.config, model.embedding.weight.dtype
             self.cache = RecurrentKVCache(
                 input_ids.shape[0],
                 model_config.n_heads,
@@ -144,6 +144,29 @@ class _Sequences:
             cache=self.cache,
         )
         return out.logits[:, -1], out.latent_states[:, -1:]
+
+    def full_forward_exit(self, criterion: ExitCriterion) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`full_forward` with the last position read from the step where ``criterion`` exits (every step
+        is still computed, as the cache needs them). Only for criteria that read states, not logits, on models
+        without a coda (the step's logits come from ``predict`` without the sequence's context)."""
+        model = self.model
+        out = model(
+            self.ids,
+            num_steps=self.depth,
+            init_scale=self.init_scale,
+            attention_mask=self.mask,
+            cache=self.cache,
+            return_trajectory=True,
+        )
+        states = out.trajectory[:, :, -1:]  # [steps, B, 1, h]
+        chosen = states[-1]
+        active = torch.ones(states.shape[1], dtype=torch.bool, device=self.device)
+        criterion.reset()
+        for i in range(self.depth - 1):
+            exited = criterion.check(states[i], None) & active
+            chosen = torch.where(exited[:, None, None], states[i], chosen)
+            active &= ~exited
+        return model.predict(chosen, model.context(1))[:, -1], chosen
 
     def append(self, tokens: torch.Tensor) -> None:
         self.ids = torch.cat([self.ids, tokens[:, None]], dim=1)
@@ -170,11 +193,16 @@ class SequentialDecoding(DecodingStrategy):
         seq = _Sequences(model, input_ids, attention_mask, depth, config, capacity)
         pieces = _CompiledPieces(seq) if config.compile else _EagerPieces(model)
         criterion = config.criterion()
+        if criterion is not None:
+            criterion.bind(model)
         batch = seq.ids.shape[0]
         stops = torch.tensor(list(config.stop_tokens or []), device=seq.device, dtype=torch.long)
         finished = torch.zeros(batch, dtype=torch.bool, device=seq.device)
         spent, trajectories, chosen_from = [], [], []
-        logits, state = seq.full_forward()
+        if criterion is not None and criterion.at_prefill and seq.cache is not None:
+            logits, state = seq.full_forward_exit(criterion)
+        else:
+            logits, state = seq.full_forward()
         used = torch.full((batch,), depth, dtype=torch.long, device=seq.device)
         for t in range(config.max_new_tokens):
             token = choose(logits)

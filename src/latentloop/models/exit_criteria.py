@@ -70,6 +70,10 @@ class ExitCriterion:
     name: ClassVar[str]
     default: ClassVar[float]
     needs_logits: ClassVar[bool]
+    # Whether the prompt's last position exits too (the prefill runs at full depth for the cache, and the first
+    # new token is read from the step this criterion picks); a criterion that mirrors a model's own inference
+    # rule, as the exit gate does, sets it.
+    at_prefill: ClassVar[bool] = False
 
     def __new__(cls, name: str, threshold: float | None = None) -> ExitCriterion:
         # Building the base class by name gives the registered subclass, so callers only need the spec.
@@ -102,6 +106,10 @@ class ExitCriterion:
         except ValueError:
             raise UsageError(f"exit threshold {value!r} is not a number") from None
         return cls(name, threshold)
+
+    def bind(self, model: object) -> None:
+        """Called once per generation with the model; a criterion that reads the model's own parts (an exit
+        gate) keeps them here, or refuses a model that lacks them with a :class:`UsageError`."""
 
     def reset(self) -> None:
         """Forget the iterations seen so far: the next call of :meth:`check` is a new token's first."""
@@ -194,3 +202,45 @@ class ArgmaxStability(ExitCriterion):
             return torch.zeros(state.shape[0], dtype=torch.bool, device=state.device)
         self.stable = torch.where(current == previous, self.stable + 1, torch.zeros_like(self.stable))
         return self.stable >= self.threshold
+
+
+@register_exit_criterion("gate")
+class ExitGate(ExitCriterion):
+    """The model's learned exit gate (Ouro): with ``λ_t`` the gate's exit probability after step t, a row exits
+    once the cumulative exit probability ``Σ_{s<=t} λ_s Π_{r<s}(1 - λ_r)`` reaches the threshold, the rule of the
+    reference's ``early_exit_threshold``. A spec without a threshold takes the model config's
+    ``early_exit_threshold``. Unlike the reference, which computes every step and selects one afterwards, the
+    steps after the exit are not computed."""
+
+    default, needs_logits, at_prefill = float("nan"), False, True
+
+    def __init__(self, name: str, threshold: float | None = None) -> None:
+        self.threshold = float("nan") if threshold is None else float(threshold)
+        if not (self.threshold != self.threshold or 0 < self.threshold <= 1):  # nan: the model's own, on bind
+            raise UsageError(f"gate threshold must be in (0, 1], got {self.threshold}")
+        self.exit_lambda: Callable[[torch.Tensor], torch.Tensor] | None = None
+        self.reset()
+
+    def bind(self, model: object) -> None:
+        loop = getattr(model, "loop", None)
+        if loop is None or not loop.exit_gate:
+            raise UsageError("exit criterion 'gate' needs a model with an exit gate (an Ouro model)")
+        self.exit_lambda = model.exit_lambda  # type: ignore[attr-defined]
+        if self.threshold != self.threshold:
+            own = getattr(model.config, "early_exit_threshold", None)  # type: ignore[attr-defined]
+            self.threshold = 1.0 if own is None else float(own)
+
+    def reset(self) -> None:
+        self.remaining: torch.Tensor | None = None  # per row: probability of not having exited yet
+        self.cumulative: torch.Tensor | None = None
+
+    def check(self, state: torch.Tensor, logits: torch.Tensor | None) -> torch.Tensor:
+        if self.exit_lambda is None:
+            raise UsageError("exit criterion 'gate' was not bound to a model")
+        lam = self.exit_lambda(state[:, -1])
+        if self.remaining is None:
+            self.remaining, self.cumulative = torch.ones_like(lam), torch.zeros_like(lam)
+        # Summed step by step, as the reference's cumsum of the exit distribution is.
+        self.cumulative = self.cumulative + lam * self.remaining
+        self.remaining = self.remaining * (1 - lam)
+        return self.cumulative >= self.threshold

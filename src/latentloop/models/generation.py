@@ -207,6 +207,7 @@ def generate(
         raise UsageError(
             f"attention_mask shape {tuple(attention_mask.shape)} differs from input {tuple(input_ids.shape)}"
         )
+    _check_loop(model, config)
     if config.num_samples > 1:
         return _vote(model, input_ids, config, attention_mask, generator)
     depth = config.depth(model)
@@ -233,6 +234,19 @@ def generate(
     finally:
         model.train(was_training)
     return _plain(out)
+
+
+def _check_loop(model: RecurrentDepthLM, config: GenerationConfig) -> None:
+    """Refuses settings whose assumptions the model's loop (``model.loop``) breaks."""
+    loop = model.loop
+    if not loop.input_injection and (config.continuous or config.parallel is not None):
+        # Both replace or revise a position's input while its state is in flight; a loop that reads the token
+        # only through its initial state would never see the new token.
+        raise UsageError(
+            "continuous mode and the parallel sampler need a model that injects its input at every step"
+        )
+    if config.num_samples > 1 and not loop.random_initial_state:
+        raise UsageError("num_samples > 1 needs a model whose loop starts from a random state")
 
 
 def _settle(config: GenerationConfig | None, settings: dict[str, Any]) -> GenerationConfig:

@@ -95,12 +95,12 @@ def parallel_generate(
     [1, T0 + n], the core iterations each new token's position received [1, n], and the number of sweeps."""
     if input_ids.shape[0] != 1:
         raise UsageError("the parallel sampler continues one prompt at a time (batch size 1)")
-    config, device = model.config, model.transformer.wte.weight.device
+    config, device = model.config, model.embedding.weight.device
     threshold = settings.threshold()
     stops = set(stop_tokens or [])
     capacity = input_ids.shape[1] + max_new_tokens
     cache = RecurrentKVCache(
-        1, config.n_heads, config.head_dim, capacity, 1, model.transformer.wte.weight.dtype, device
+        1, config.n_heads, config.head_dim, capacity, 1, model.embedding.weight.dtype, device
     )
     prefill = model(input_ids.to(device), num_steps=depth, init_scale=init_scale, cache=cache)
     produced = [int(choose(prefill.logits[:, -1]))]

@@ -30,6 +30,7 @@ from latentloop.hub import PushToHub, lm_model_card, resolve_model, write_model_
 from latentloop.models.generation import generate
 from latentloop.models.huginn_format import load_huginn, save_huginn
 from latentloop.models.kv_cache import LayerKey, RecurrentKVCache
+from latentloop.models.looped import LoopSpec
 from latentloop.nn import RMSNorm, RotaryEmbedding, SandwichBlock
 from latentloop.nn.rope import huginn_freqs_cis
 
@@ -176,8 +177,47 @@ class StepContext:
         return self.cache.hook(LayerKey(part, layer, slot), self.start, self.rows)
 
 
+def step_context(
+    rope: RotaryEmbedding,
+    device: torch.device,
+    length: int,
+    attention_mask: torch.Tensor | None = None,
+    position_ids: torch.Tensor | None = None,
+    cache: RecurrentKVCache | None = None,
+    rows: torch.Tensor | None = None,
+) -> StepContext:
+    """Positions and mask for ``length`` new tokens after what ``cache`` holds, rotated by ``rope``.
+
+    ``attention_mask`` ([B, past + length], 1 = token, 0 = padding) masks padded keys; positions then count
+    only real tokens, so a left-padded row sees exactly what it would alone.
+    """
+    start = cache.length if cache is not None else 0
+    mask = None
+    if attention_mask is not None:
+        attention_mask = attention_mask.to(device=device, dtype=torch.bool)
+        total = attention_mask.shape[1]
+        if total != start + length:
+            raise ValueError(f"attention_mask covers {total} positions, expected {start + length}")
+        if position_ids is None:
+            position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, start:]
+        if not bool(attention_mask.all()):
+            query = torch.arange(start, start + length, device=device)[:, None]
+            key = torch.arange(total, device=device)[None, :]
+            causal = key <= query
+            # A padded query attends to itself only, so its (discarded) output stays finite.
+            mask = (causal[None] & attention_mask[:, None, :]) | (key == query)[None]
+            mask = mask[:, None]
+    if position_ids is None:
+        position_ids = torch.arange(start, start + length, device=device)
+    return StepContext(rope.tables(position_ids), mask, cache, start, rows)
+
+
 class RecurrentDepthLM(PushToHub, nn.Module):
     """Prelude, a core block looped ``num_steps`` times, coda; see the module docstring for the equations."""
+
+    loop: ClassVar[LoopSpec] = LoopSpec(
+        prelude=True, coda=True, input_injection=True, random_initial_state=True, exit_gate=False
+    )
 
     def __init__(self, config: RecurrentDepthConfig) -> None:
         super().__init__()
@@ -235,6 +275,11 @@ class RecurrentDepthLM(PushToHub, nn.Module):
             if getattr(module, "qk_bias", None) is not None:
                 nn.init.zeros_(module.qk_bias)
 
+    @property
+    def embedding(self) -> nn.Embedding:
+        """The token embedding (its weight tells generation the model's device and dtype)."""
+        return self.transformer.wte
+
     # The pieces of one forward pass (generation composes them one iteration at a time) ----------------------
     def context(
         self,
@@ -244,31 +289,10 @@ class RecurrentDepthLM(PushToHub, nn.Module):
         cache: RecurrentKVCache | None = None,
         rows: torch.Tensor | None = None,
     ) -> StepContext:
-        """Positions and mask for ``length`` new tokens after what ``cache`` holds.
-
-        ``attention_mask`` ([B, past + length], 1 = token, 0 = padding) masks padded keys; positions then count
-        only real tokens, so a left-padded row sees exactly what it would alone.
-        """
-        device = self.transformer.wte.weight.device
-        start = cache.length if cache is not None else 0
-        mask = None
-        if attention_mask is not None:
-            attention_mask = attention_mask.to(device=device, dtype=torch.bool)
-            total = attention_mask.shape[1]
-            if total != start + length:
-                raise ValueError(f"attention_mask covers {total} positions, expected {start + length}")
-            if position_ids is None:
-                position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, start:]
-            if not bool(attention_mask.all()):
-                query = torch.arange(start, start + length, device=device)[:, None]
-                key = torch.arange(total, device=device)[None, :]
-                causal = key <= query
-                # A padded query attends to itself only, so its (discarded) output stays finite.
-                mask = (causal[None] & attention_mask[:, None, :]) | (key == query)[None]
-                mask = mask[:, None]
-        if position_ids is None:
-            position_ids = torch.arange(start, start + length, device=device)
-        return StepContext(self.rope.tables(position_ids), mask, cache, start, rows)
+        """Positions and mask for ``length`` new tokens after what ``cache`` holds (see :func:`step_context`)."""
+        return step_context(
+            self.rope, self.transformer.wte.weight.device, length, attention_mask, position_ids, cache, rows
+        )
 
     def embed(self, input_ids: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         """``e = P(x)``: scaled token embedding through the prelude."""

@@ -4,6 +4,7 @@ from latentloop.nn.attention import Attention, KVHook
 from latentloop.nn.blocks import (
     BLOCKS,
     Block,
+    PeriNormBlock,
     PostNormBlock,
     PreNormBlock,
     SandwichBlock,
@@ -21,6 +22,7 @@ __all__ = [
     "Block",
     "GatedMLP",
     "KVHook",
+    "PeriNormBlock",
     "PostNormBlock",
     "PreNormBlock",
     "RMSNorm",

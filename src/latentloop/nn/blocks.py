@@ -124,6 +124,39 @@ class PostNormBlock(_Block):
         return self.norm_2(x + self.mlp(x))
 
 
+class PeriNormBlock(_Block):
+    """``x = x + n2(Attn(n1(x)))``; ``x = x + n4(MLP(n3(x)))``: four norms like the sandwich, but
+    the residual stream itself is never normalised (Ouro's layer: each branch is normed on its way in and out)."""
+
+    def __init__(
+        self,
+        dim: int,
+        n_heads: int,
+        hidden: int,
+        eps: float = 1e-6,
+        qk_bias: bool = False,
+        bias: bool = False,
+        norm_weight: bool = True,
+        rope_halves: bool = False,
+    ):
+        super().__init__(dim, n_heads, hidden, eps, qk_bias, bias, norm_weight, rope_halves)
+        self.norm_1 = RMSNorm(dim, eps, norm_weight)
+        self.norm_2 = RMSNorm(dim, eps, norm_weight)
+        self.norm_3 = RMSNorm(dim, eps, norm_weight)
+        self.norm_4 = RMSNorm(dim, eps, norm_weight)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+        causal: bool = True,
+        kv_hook: KVHook | None = None,
+    ) -> torch.Tensor:
+        x = x + self.norm_2(self.attn(self.norm_1(x), rope, mask, causal, kv_hook))
+        return x + self.norm_4(self.mlp(self.norm_3(x)))
+
+
 BLOCKS = {"sandwich": SandwichBlock, "pre-norm": PreNormBlock, "post-norm": PostNormBlock}
 
 
