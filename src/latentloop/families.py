@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from latentloop.errors import UsageError
+from latentloop.models.looped_lms import LOOPED_LMS
 from latentloop.models.reasoners import REASONERS
-from latentloop.models.recurrent_depth import RecurrentDepthConfig
 from latentloop.train.checkpoint import resolve_checkpoint
 from latentloop.train.run_config import (
     LM_ARCH,
@@ -36,7 +36,7 @@ class Family:
     owns_model_type: Callable[[str], bool]
 
 
-LANGUAGE_MODEL = Family(LM_ARCH, build_run_config, lambda kind: kind == RecurrentDepthConfig.model_type)
+LANGUAGE_MODEL = Family(LM_ARCH, build_run_config, lambda kind: kind in LOOPED_LMS)
 REASONER = Family(
     "reasoner", build_reasoner_config, lambda kind: kind in {f"reasoner-{arch}" for arch in REASONERS}
 )

@@ -76,15 +76,15 @@ def generate(
         False, "--json", help="Print text, tokens, tokens/s and mean iterations as JSON."
     ),
 ) -> None:
-    """Generate text with a recurrent-depth model at any test-time depth."""
+    """Generate text with a looped LM (recurrent-depth/Huginn or Ouro) at any test-time depth."""
     import torch
 
     from latentloop.data.tokenizers import load_tokenizer
     from latentloop.hub import resolve_model
     from latentloop.models.generation import GenerationConfig
     from latentloop.models.generation import generate as run_generation
+    from latentloop.models.looped_lms import load_looped_lm
     from latentloop.models.parallel_sampler import ParallelSampler
-    from latentloop.models.recurrent_depth import RecurrentDepthLM
     from latentloop.train.checkpoint import resolve_checkpoint
 
     if not prompt:
@@ -111,7 +111,7 @@ def generate(
         compile=compile_steps,
     )
     folder = resolve_checkpoint(resolve_model(model, revision))
-    lm = RecurrentDepthLM.from_pretrained(folder)
+    lm = load_looped_lm(folder)
     tok_spec = tokenizer or (folder / "tokenizer.json" if (folder / "tokenizer.json").is_file() else None)
     tok = load_tokenizer(tok_spec)
     ids = tok.encode(prompt)

@@ -39,6 +39,8 @@ from latentloop.errors import UsageError
 from latentloop.hub import resolve_model
 from latentloop.models import generation
 from latentloop.models.generation import ExitCriterion
+from latentloop.models.looped_lms import load_looped_lm
+from latentloop.models.ouro import OuroLM
 from latentloop.models.recurrent_depth import RecurrentDepthLM
 from latentloop.train.checkpoint import resolve_checkpoint
 
@@ -80,7 +82,7 @@ class LatentloopLM(LM):
 
     def __init__(
         self,
-        pretrained: str | Path | RecurrentDepthLM,
+        pretrained: str | Path | RecurrentDepthLM | OuroLM,
         revision: str | None = None,
         tokenizer: str | Path | Tokenizer | None = None,
         num_steps: int | None = None,
@@ -102,16 +104,16 @@ class LatentloopLM(LM):
             raise UsageError(f"unknown latentloop model argument(s): {', '.join(sorted(unknown))}")
         if dtype not in _DTYPES:
             raise UsageError(f"dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
-        self.checkpoint = None if isinstance(pretrained, RecurrentDepthLM) else str(pretrained)
+        self.checkpoint = None if isinstance(pretrained, (RecurrentDepthLM, OuroLM)) else str(pretrained)
         folder = None
-        if isinstance(pretrained, RecurrentDepthLM):
+        if isinstance(pretrained, (RecurrentDepthLM, OuroLM)):
             if revision is not None:
                 raise UsageError("revision applies only to a Hub model id")
             model = pretrained
         else:
             target = _device(device)
             folder = _checkpoint_folder(pretrained, revision)
-            model = RecurrentDepthLM.from_pretrained(folder, dtype=_DTYPES[dtype], device=target)
+            model = load_looped_lm(folder, dtype=_DTYPES[dtype], device=target)
         self.model = model.eval()
         self._device = self.model.embedding.weight.device
         if tokenizer is None and folder is not None and (folder / "tokenizer.json").is_file():

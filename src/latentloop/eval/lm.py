@@ -24,7 +24,7 @@ import torch
 from latentloop.errors import UsageError
 from latentloop.eval.metrics import heldout_metric
 from latentloop.io import atomic_write_text
-from latentloop.models.recurrent_depth import RecurrentDepthLM
+from latentloop.models.looped_lms import load_looped_lm
 from latentloop.plotting import pyplot, save_png
 from latentloop.tasks.base import Task, get_task, parse_task_spec
 from latentloop.train.checkpoint import read_trainer_state, resolve_checkpoint, run_folder_of
@@ -91,7 +91,7 @@ def evaluate_lm(
         raise UsageError(
             f"samples > 1 votes over answers; task {task_info['name']!r} has no answers to vote on"
         )
-    model = RecurrentDepthLM.from_pretrained(checkpoint, device=device)
+    model = load_looped_lm(checkpoint, device=device)
     if model.config.vocab_size < the_task.vocab_size:
         raise UsageError(
             f"{checkpoint}: vocabulary {model.config.vocab_size} is smaller than the task's {the_task.vocab_size}"
