@@ -24,8 +24,8 @@ from latentloop.tasks.base import Task
 
 
 def ranked_answers(keys: Sequence[int], values: Sequence[float], mode: str, top: int = 2) -> list[int]:
-    """The ``top`` best answer keys: most votes (``vote``; ties: first seen), highest value (``value``), or
-    the first answer alone (``first``)."""
+    """The ``top`` best answer keys: most votes (``vote``; ties: first seen), highest of ``values`` (``value``:
+    the value head's; ``q``: the halting logits), or the first answer alone (``first``)."""
     if mode == "first":
         return list(keys[:1])
     if mode == "vote":
@@ -79,7 +79,7 @@ def evaluate_arc(
     puzzle_ids = torch.from_numpy(np.asarray(split["puzzle_ids"])[rows].astype(np.int64))
     device = next(model.parameters()).device
     per_chunk = max(1, batch_size // samples)
-    preds, vals = [], []
+    preds, vals, halts = [], [], []
     for start in range(0, len(rows), per_chunk):
         chunk = slice(start, start + per_chunk)
         result = solve(
@@ -87,7 +87,10 @@ def evaluate_arc(
         )
         preds.append(result.predictions.cpu().numpy().astype(np.uint8))
         vals.append(result.values.float().cpu().numpy())
+        logits = result.halt_logits if result.halt_logits is not None else result.halt_prob
+        halts.append(logits.float().cpu().numpy())
     predictions, values = np.concatenate(preds, axis=2), np.concatenate(vals, axis=2)  # [S, K, R(, L)]
+    halt_logits = np.concatenate(halts, axis=2)
     n_steps = predictions.shape[0]
     position = {int(row): i for i, row in enumerate(rows)}
 
@@ -115,7 +118,8 @@ def evaluate_arc(
         for members, solution in zip(groups, solutions, strict=True):
             cols = [position[row] for row, _ in members]
             group_keys = keys[s, :k][:, cols].T.reshape(-1).tolist()  # copy-major: the identity copy first
-            group_values = values[s, :k][:, cols].T.reshape(-1).tolist()
+            scores = halt_logits if mode == "q" else values
+            group_values = scores[s, :k][:, cols].T.reshape(-1).tolist()
             solved += solution in ranked_answers(group_keys, group_values, mode)
         return solved / max(len(groups), 1)
 

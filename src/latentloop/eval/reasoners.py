@@ -5,13 +5,20 @@ a valid N-Queens board that differs from the label counts (the judging functions
 :mod:`latentloop.eval.metrics`, re-exported here). Coverage (``task.multi_solution``) is the number of
 distinct valid answers among the samples divided by the number of all valid completions of the puzzle.
 Reports go to ``eval.json``, ``eval.md`` and ``eval_curves.png`` in the run folder.
+
+A :class:`ComputeGrid` adds the test-time compute of every (steps, samples, selection) cell it asks for:
+accuracy, inference FLOPs per puzzle (counted from shapes, :func:`~latentloop.infer.scaling.inference_flops`)
+and wall-clock milliseconds per puzzle, drawn as accuracy against FLOPs (``eval_compute.png``) as in GRAM's
+Figure 4.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+import time
 from collections.abc import Hashable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +29,7 @@ from tqdm import tqdm
 from latentloop.data.dataset import PuzzleDataset, load_dataset
 from latentloop.errors import UsageError
 from latentloop.eval.arc import evaluate_arc, solve_arc_puzzle
+from latentloop.eval.grid import ComputeGrid
 from latentloop.eval.metrics import (
     EXAMPLES,
     answer_key,
@@ -37,7 +45,14 @@ from latentloop.eval.metrics import (
     unique_puzzles,
     unique_rows,
 )
-from latentloop.infer.scaling import SELECTIONS, draws_samples, solve
+from latentloop.infer.scaling import (
+    SELECTIONS,
+    draws_samples,
+    inference_flops,
+    solve,
+    step_cost,
+    trajectories,
+)
 from latentloop.io import atomic_write_text
 from latentloop.models.reasoners import Reasoner, load_reasoner, num_parameters
 from latentloop.models.reasoners.heads import SequenceValueHead
@@ -49,15 +64,19 @@ from latentloop.train.run_config import load_reasoner_run_config
 # The judging functions of eval.metrics are re-exported for the modules that import them from here.
 __all__ = [
     "EXAMPLES",
+    "ComputeGrid",
     "answer_key",
     "answers_valid",
+    "compute_table",
     "decode_answer",
+    "evaluate_grid",
     "evaluate_model",
     "evaluate_reasoner",
     "example_answers",
     "load_run",
     "markdown_table",
     "plot_boards",
+    "plot_compute",
     "plot_curves",
     "quick_accuracy",
     "run_dataset",
@@ -89,21 +108,9 @@ def evaluate_model(
     ``progress`` shows a bar named ``label`` on stderr (default: when stderr is a terminal)."""
     if select not in SELECTIONS:
         raise UsageError(f"--select must be one of {', '.join(SELECTIONS)}, got {select!r}")
-    per_sample = max(1, batch_size // samples) if draws_samples(model) else batch_size  # see solve()
-    preds, vals, halts = [], [], []
-    show = sys.stderr.isatty() if progress is None else progress
-    with tqdm(total=len(inputs), desc=label, unit="puzzle", disable=not show, leave=False) as bar:
-        for start in range(0, len(inputs), per_sample):
-            x = torch.from_numpy(inputs[start : start + per_sample])
-            result = solve(
-                model, x, steps=steps, samples=samples, select="first", halt=halt, temperature=temperature
-            )
-            preds.append(result.predictions.numpy().astype(np.uint8))
-            vals.append(result.values.numpy())
-            halts.append(result.halted_at.numpy())
-            bar.update(len(x))
-    predictions, values = np.concatenate(preds, axis=2), np.concatenate(vals, axis=2)
-    halted_at = np.concatenate(halts, axis=1)  # [K, N]: the step whose answer each sample kept
+    rollout = _rollout(model, inputs, samples, steps, batch_size, halt, temperature, 0.0, progress, label)
+    predictions, values, halt_logits = rollout["predictions"], rollout["values"], rollout["halt_logits"]
+    halted_at = rollout["halted_at"]  # [K, N]: the step whose answer each sample kept
     steps = predictions.shape[0]
     violations, key_ids, puzzles = judge(task, inputs, predictions)
     valid = violations == 0
@@ -111,7 +118,8 @@ def evaluate_model(
     idx = np.arange(count)
 
     def accuracy_at(s: int, k: int, mode: str) -> float:
-        chosen = chosen_samples(key_ids[s, :k], values[s, :k], mode)
+        scores = halt_logits if mode == "q" else values
+        chosen = chosen_samples(key_ids[s, :k], scores[s, :k], mode)
         return float(valid[s, chosen, idx].mean())
 
     report: dict[str, Any] = {
@@ -130,6 +138,11 @@ def evaluate_model(
             for k in range(1, samples + 1)
         ],
     }
+    cost = step_cost(model)
+    if cost is not None:
+        runs = trajectories(model, samples)
+        report["inference_flops"] = {"step": cost.step, "value_head": cost.value_head, "trajectories": runs}
+        report["flops_per_puzzle"] = inference_flops(cost, steps, runs, select)
     if draws_samples(model):
         report["temperature"] = temperature
     if halt:
@@ -147,6 +160,184 @@ def evaluate_model(
             point["coverage"] = cov
     report["examples"] = example_answers(inputs, predictions[-1], violations[-1], key_ids[-1], chosen, totals)
     return report
+
+
+def _rollout(
+    model: Reasoner,
+    inputs: np.ndarray,
+    samples: int,
+    steps: int | None,
+    batch_size: int,
+    halt: bool,
+    temperature: float,
+    state_noise: float,
+    progress: bool | None,
+    label: str,
+) -> dict[str, np.ndarray]:
+    """Every step's answers ``[S, K, N, L]``, values and halting logits ``[S, K, N]`` of ``samples``
+    trajectories on ``inputs``, in chunks of about ``batch_size`` rows; ``halted_at`` ``[K, N]``."""
+    per_sample = max(1, batch_size // samples) if draws_samples(model, state_noise) else batch_size
+    preds, vals, logits, halts = [], [], [], []
+    show = sys.stderr.isatty() if progress is None else progress
+    with tqdm(total=len(inputs), desc=label, unit="puzzle", disable=not show, leave=False) as bar:
+        for start in range(0, len(inputs), per_sample):
+            x = torch.from_numpy(inputs[start : start + per_sample])
+            result = solve(
+                model,
+                x,
+                steps=steps,
+                samples=samples,
+                select="first",
+                halt=halt,
+                temperature=temperature,
+                state_noise=state_noise,
+            )
+            preds.append(result.predictions.numpy().astype(np.uint8))
+            vals.append(result.values.numpy())
+            # sigmoid keeps the order of the logits: what q selects is the same
+            logits.append((result.halt_prob if result.halt_logits is None else result.halt_logits).numpy())
+            halts.append(result.halted_at.numpy())
+            bar.update(len(x))
+    return {
+        "predictions": np.concatenate(preds, axis=2),
+        "values": np.concatenate(vals, axis=2),
+        "halt_logits": np.concatenate(logits, axis=2),
+        "halted_at": np.concatenate(halts, axis=1),
+    }
+
+
+# Test-time compute ---------------------------------------------------------------------------------------------
+WIDTH_SELECTIONS = ("vote", "value", "q")  # the selections a width cell is measured under
+
+
+def evaluate_grid(
+    model: Reasoner,
+    task: Task,
+    inputs: np.ndarray,
+    grid: ComputeGrid,
+    batch_size: int = 256,
+    temperature: float = 1.0,
+    progress: bool | None = None,
+    label: str = "evaluating",
+) -> dict[str, Any] | None:
+    """Accuracy, inference FLOPs per puzzle and milliseconds per puzzle of every cell of ``grid`` on puzzle
+    ``inputs`` ``[N, L]``; ``None`` for a generative baseline (its sampler has no supervision steps).
+
+    The FLOPs of a cell are ``runs · steps · step + runs · value_head`` (the last term under value selection
+    only), with the step's and the value head's forward FLOPs on one puzzle counted from shapes
+    (:func:`~latentloop.infer.scaling.step_cost`) and ``runs`` the trajectories run. The time of a cell is
+    the wall-clock of its steps when the first ``grid.timing_puzzles`` puzzles are solved one at a time,
+    averaged (selecting among the samples is left out)."""
+    cost = step_cost(model)
+    if cost is None or not grid.active:
+        return None
+    widths = draws_samples(model, grid.state_noise) and bool(grid.width_depths)
+    noise = 0.0 if model.stochastic else grid.state_noise  # GRAM brings its own noise
+    idx = np.arange(len(inputs))
+    cells: list[dict[str, Any]] = []
+    if grid.steps_grid:
+        # The depth curve of one trajectory: the deterministic model itself, without the noise of the widths.
+        rollout = _rollout(
+            model, inputs, 1, max(grid.steps_grid), batch_size, False, temperature, 0.0, progress, label
+        )
+        kept = rollout["predictions"][[s - 1 for s in grid.steps_grid]]
+        violations, _, _ = judge(task, inputs, kept)
+        for row, s in enumerate(grid.steps_grid):
+            cells.append(
+                {
+                    "curve": "depth",
+                    "steps": s,
+                    "samples": 1,
+                    "select": "first",
+                    "accuracy": float((violations[row, 0] == 0).mean()),
+                    "flops": inference_flops(cost, s, 1, "first"),
+                }
+            )
+    if widths:
+        rollout = _rollout(
+            model,
+            inputs,
+            max(grid.samples_grid),
+            max(grid.width_depths),
+            batch_size,
+            False,
+            temperature,
+            noise,
+            progress,
+            label,
+        )
+        at = [d - 1 for d in grid.width_depths]
+        violations, key_ids, _ = judge(task, inputs, rollout["predictions"][at])
+        scores = {"value": rollout["values"][at], "q": rollout["halt_logits"][at]}
+        for row, d in enumerate(grid.width_depths):
+            for k in grid.samples_grid:
+                for mode in WIDTH_SELECTIONS:
+                    chosen = chosen_samples(
+                        key_ids[row, :k], scores.get(mode, scores["value"])[row, :k], mode
+                    )
+                    cells.append(
+                        {
+                            "curve": "width",
+                            "steps": d,
+                            "samples": k,
+                            "select": mode,
+                            "accuracy": float((violations[row, chosen, idx] == 0).mean()),
+                            "flops": inference_flops(cost, d, k, mode),
+                        }
+                    )
+    times = _time_cells(model, inputs[: grid.timing_puzzles], grid, widths, noise, temperature)
+    for cell in cells:
+        cell["ms_per_puzzle"] = times.get((cell["curve"], cell["steps"], cell["samples"]))
+    return {
+        "settings": asdict(grid),
+        "step_flops": cost.step,
+        "value_head_flops": cost.value_head,
+        "state_noise": noise,
+        "cells": cells,
+    }
+
+
+@torch.no_grad()
+def _time_cells(
+    model: Reasoner, puzzles: np.ndarray, grid: ComputeGrid, widths: bool, noise: float, temperature: float
+) -> dict[tuple[str, int, int], float]:
+    """Milliseconds per puzzle of each (curve, steps, samples) cell: each puzzle solved alone, the clock read
+    after every supervision step (a forward hook), so one run to the deepest cell times every shallower one.
+    The RNG state is kept: timing draws none of the evaluation's noise."""
+    runs: list[tuple[str, int, list[int], float]] = []  # (curve, samples, depths, state noise)
+    if grid.steps_grid:
+        runs.append(("depth", 1, grid.steps_grid, 0.0))
+    if widths:
+        runs += [("width", k, grid.width_depths, noise) for k in grid.samples_grid]
+    if len(puzzles) == 0 or not runs:
+        return {}
+    stamps: list[float] = []
+    handle = model.register_forward_hook(lambda *_: stamps.append(time.perf_counter()))
+    times: dict[tuple[str, int, int], float] = {}
+    try:
+        with torch.random.fork_rng(devices=[]):
+            x = torch.from_numpy(puzzles[:1]).long()
+            solve(model, x, steps=1, temperature=temperature)  # warm-up: first-call allocations
+            for curve, samples, depths, sigma in runs:
+                totals = np.zeros(len(depths))
+                for puzzle in puzzles:
+                    x = torch.from_numpy(puzzle[None]).long()
+                    stamps.clear()
+                    start = time.perf_counter()
+                    solve(
+                        model,
+                        x,
+                        steps=max(depths),
+                        samples=samples,
+                        temperature=temperature,
+                        state_noise=sigma,
+                    )
+                    totals += [stamps[d - 1] - start for d in depths]
+                for d, total in zip(depths, totals, strict=True):
+                    times[(curve, d, samples)] = 1000 * total / len(puzzles)
+    finally:
+        handle.remove()
+    return times
 
 
 # Runs --------------------------------------------------------------------------------------------------------
@@ -203,6 +394,7 @@ def evaluate_reasoner(
     label: str = "evaluating",
     halt: bool = False,
     split: str = "test",
+    grid: ComputeGrid | None = None,
     **_: Any,
 ) -> dict[str, Any]:
     """Evaluate a run's newest checkpoint on its test split (or ``split``: ``validation``, the training
@@ -210,7 +402,8 @@ def evaluate_reasoner(
     ``temperature`` is the sampling temperature of the AR and MDLM baselines (0: greedy) and the scale of GRAM's
     prior noise (0: the prior's mean); ``seed`` seeds the models' sampling noise, so the same call gives the
     same report (the caller's RNG state is kept). ``halt``: each sample keeps the answer of the step at which
-    its Q-head halts (see :func:`~latentloop.infer.scaling.solve`).
+    its Q-head halts (see :func:`~latentloop.infer.scaling.solve`). ``grid``: the test-time compute cells
+    measured after the evaluation (:func:`evaluate_grid`), reported under ``compute``.
     ``progress`` and ``label``: the progress bar of :func:`evaluate_model`."""
     if samples < 1 or (steps is not None and steps < 1):
         raise UsageError("--samples and --steps must be at least 1")
@@ -221,6 +414,10 @@ def evaluate_reasoner(
         if model.config.puzzles:
             if halt:
                 raise UsageError("--halt is not available for ARC runs: they are evaluated at a fixed depth")
+            if grid is not None and grid.active:
+                raise UsageError(
+                    "the compute grid is not available for ARC runs: they score pass@2 over copies"
+                )
             puzzles = dataset.metadata.get("puzzles", {})
             report = evaluate_arc(
                 model, the_task, dataset.split(split), puzzles, samples, steps, select, batch_size, limit
@@ -240,6 +437,13 @@ def evaluate_reasoner(
                 label=label,
                 halt=halt,
             )
+            compute = None
+            if grid is not None and grid.active:
+                compute = evaluate_grid(
+                    model, the_task, inputs, grid, batch_size, temperature, progress, label
+                )
+            if compute is not None:
+                report["compute"] = compute
     report = {"run": str(run), "checkpoint": str(checkpoint), "model": model.arch, "seed": seed, **report}
     if split != "test":
         report["split"] = split
@@ -248,7 +452,7 @@ def evaluate_reasoner(
     if write:
         out = folder if folder is not None else checkpoint
         write_reports(report, out, the_task)
-        names = ["eval.json", "eval.md", "eval_curves.png"] + (
+        names = ["eval.json", "eval.md", "eval_curves.png", "eval_compute.png"] + (
             ["eval_boards.png"] if the_task.drawable else []
         )
         report["written"] = [str(out / n) for n in names if (out / n).is_file()]
@@ -365,7 +569,72 @@ def markdown_table(report: dict[str, Any]) -> str:
     for p in report["curve_samples"]:
         row = f"| {p['samples']} | {100 * p['vote']:.1f}% | {100 * p['value']:.1f}% |"
         lines.append(row + (f" {100 * p['coverage']:.1f}% |" if has_cov else ""))
+    if "compute" in report:
+        lines += ["", *compute_table({report.get("model", "model"): report})]
     return "\n".join(lines) + "\n"
+
+
+def compute_table(reports: dict[str, dict[str, Any]]) -> list[str]:
+    """Markdown lines: every measured compute cell of each named report, with its accuracy, inference FLOPs per
+    puzzle and milliseconds per puzzle, after a sentence saying what a step costs."""
+    lines = ["Test-time compute: accuracy against inference FLOPs and time per puzzle", ""]
+    for name, report in reports.items():
+        compute = report["compute"]
+        noise = f", state noise σ = {compute['state_noise']:g}" if compute["state_noise"] else ""
+        lines.append(
+            f"- {name}: one supervision step of one puzzle {compute['step_flops']:.3g} FLOPs, the value head "
+            f"{compute['value_head_flops']:.3g}{noise}; times over {compute['settings']['timing_puzzles']} "
+            "puzzles solved one at a time"
+        )
+    lines += [
+        "",
+        "| model | curve | steps | samples | select | accuracy | FLOPs / puzzle | ms / puzzle |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, report in reports.items():
+        for cell in report["compute"]["cells"]:
+            ms = "-" if cell.get("ms_per_puzzle") is None else f"{cell['ms_per_puzzle']:.1f}"
+            lines.append(
+                f"| {name} | {cell['curve']} | {cell['steps']} | {cell['samples']} | {cell['select']} | "
+                f"{100 * cell['accuracy']:.1f}% | {cell['flops']:.3g} | {ms} |"
+            )
+    return lines
+
+
+def plot_compute(reports: dict[str, dict[str, Any]], path: Path, title: str = "") -> None:
+    """Accuracy against inference FLOPs per puzzle (log scale), as GRAM's Figure 4 (left): each named report's
+    depth curve (one trajectory, more steps) and its width curves (more samples at a fixed depth), one line
+    style per selection."""
+    plt = pyplot()
+
+    styles = {"vote": "s-", "value": "^--", "q": "v:"}
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    for name, report in reports.items():
+        cells = report["compute"]["cells"]
+        depth = [c for c in cells if c["curve"] == "depth"]
+        if depth:
+            ax.plot(
+                [c["flops"] for c in depth], [c["accuracy"] for c in depth], "o-", lw=2, markersize=4,
+                label=f"{name}: depth (1 sample)",
+            )  # fmt: skip
+        widths = [c for c in cells if c["curve"] == "width"]
+        for d in sorted({c["steps"] for c in widths}):
+            color = None
+            for mode, style in styles.items():
+                line = [c for c in widths if c["steps"] == d and c["select"] == mode]
+                if not line:
+                    continue
+                (drawn,) = ax.plot(
+                    [c["flops"] for c in line], [c["accuracy"] for c in line], style, color=color, markersize=3,
+                    label=f"{name}: width at {d} steps, {mode}",
+                )  # fmt: skip
+                color = drawn.get_color()
+    ax.set_xscale("log")
+    ax.set(xlabel="inference FLOPs per puzzle", ylabel="accuracy", ylim=(-0.02, 1.02), title=title or None)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    fig.tight_layout()
+    save_png(fig, path, bbox_inches="tight")
 
 
 def plot_curves(report: dict[str, Any], path: Path) -> None:
@@ -415,10 +684,12 @@ def plot_boards(examples: dict[str, list[dict[str, Any]]], task: Task, path: Pat
 
 def write_reports(report: dict[str, Any], folder: str | Path, task: Task | None = None) -> None:
     """``eval.json``, ``eval.md`` and ``eval_curves.png`` in ``folder``; with a ``task`` that can draw its
-    answers, ``eval_boards.png`` too."""
+    answers, ``eval_boards.png`` too, and ``eval_compute.png`` when the report measured a compute grid."""
     folder = Path(folder)
     atomic_write_text(folder / "eval.json", json.dumps(report, indent=1) + "\n")
     atomic_write_text(folder / "eval.md", markdown_table(report))
     plot_curves(report, folder / "eval_curves.png")
+    if "compute" in report:
+        plot_compute({report.get("model", "model"): report}, folder / "eval_compute.png")
     if task is not None and task.drawable and report.get("examples"):
         plot_boards({report.get("model", "model"): report["examples"]}, task, folder / "eval_boards.png")

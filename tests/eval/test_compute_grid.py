@@ -1,0 +1,128 @@
+"""The test-time compute grid of an evaluation: its cells' accuracy, FLOPs and time, its table, plot and
+options."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from latentloop.cli import main
+from latentloop.errors import UsageError
+from latentloop.eval.grid import ComputeGrid
+from latentloop.eval.reasoners import compute_table, evaluate_grid, evaluate_model
+from latentloop.infer.scaling import inference_flops, step_cost
+from latentloop.models.reasoners import ReasonerConfig, build_reasoner
+from latentloop.tasks.base import get_task
+
+
+@pytest.fixture(scope="module")
+def task():
+    return get_task("nqueens", n=5)
+
+
+@pytest.fixture(scope="module")
+def inputs(task):
+    pairs = itertools.islice(task.examples("test", seed=0), 6)
+    return np.stack([np.asarray(task.encode(puzzle), dtype=np.uint8) for puzzle, _ in pairs])
+
+
+def _trm(task):
+    torch.manual_seed(0)
+    config = ReasonerConfig(
+        vocab_size=task.vocab_size,
+        seq_len=task.seq_len,
+        dim=16,
+        n_heads=2,
+        n_layers=1,
+        hidden=32,
+        cycles=2,
+        inner=1,
+    )
+    return build_reasoner("trm", config).eval()
+
+
+def test_every_cell_has_its_accuracy_flops_and_time(task, inputs):
+    model = _trm(task)
+    grid = ComputeGrid(
+        steps_grid=[3, 1], samples_grid=[1, 2], width_depths=[2], state_noise=0.5, timing_puzzles=2
+    )
+    compute = evaluate_grid(model, task, inputs, grid, batch_size=4, progress=False)
+    cost = step_cost(model)
+    assert (compute["step_flops"], compute["value_head_flops"]) == (cost.step, cost.value_head)
+    cells = [(c["curve"], c["steps"], c["samples"], c["select"]) for c in compute["cells"]]
+    assert cells == [("depth", 1, 1, "first"), ("depth", 3, 1, "first")] + [
+        ("width", 2, k, mode) for k in (1, 2) for mode in ("vote", "value", "q")
+    ]
+    for cell in compute["cells"]:
+        assert cell["flops"] == inference_flops(cost, cell["steps"], cell["samples"], cell["select"])
+        assert isinstance(cell["ms_per_puzzle"], float)  # wall-clock: reported, its value not checked
+    # The depth curve is the deterministic model's own, without the noise of the widths.
+    plain = evaluate_model(model, task, inputs, samples=1, steps=3, select="first", progress=False)
+    by_step = {p["steps"]: p["accuracy"] for p in plain["curve_steps"]}
+    assert [c["accuracy"] for c in compute["cells"][:2]] == [by_step[1], by_step[3]]
+
+
+def test_a_deterministic_model_without_noise_has_no_width_curves(task, inputs):
+    grid = ComputeGrid(steps_grid=[1], samples_grid=[1, 2], width_depths=[2], timing_puzzles=0)
+    compute = evaluate_grid(_trm(task), task, inputs, grid, progress=False)
+    assert [c["curve"] for c in compute["cells"]] == ["depth"]
+    assert compute["cells"][0]["ms_per_puzzle"] is None  # no puzzle was timed
+
+
+def test_grid_options_are_checked():
+    assert not ComputeGrid().active
+    assert ComputeGrid(steps_grid=[4, 1, 4]).steps_grid == [1, 4]
+    for bad in (
+        {"samples_grid": [1, 2]},  # without width_depths
+        {"steps_grid": [0, 1]},
+        {"steps_grid": "1,2"},
+        {"state_noise": -0.1},
+        {"timing_puzzles": -1},
+    ):
+        with pytest.raises(UsageError):
+            ComputeGrid(**bad)
+
+
+def test_the_compute_table_lists_every_cell():
+    report = {
+        "compute": {
+            "settings": {"timing_puzzles": 4},
+            "step_flops": 1.5e9,
+            "value_head_flops": 256,
+            "state_noise": 0.3,
+            "cells": [
+                {"curve": "depth", "steps": 16, "samples": 1, "select": "first", "accuracy": 0.5, "flops": 2.4e10,
+                 "ms_per_puzzle": 120.04},
+                {"curve": "width", "steps": 4, "samples": 20, "select": "q", "accuracy": 0.975, "flops": 1.2e11,
+                 "ms_per_puzzle": None},
+            ],
+        }
+    }  # fmt: skip
+    assert compute_table({"trm": report})[2:] == [
+        "- trm: one supervision step of one puzzle 1.5e+09 FLOPs, the value head 256, state noise σ = 0.3; times "
+        "over 4 puzzles solved one at a time",
+        "",
+        "| model | curve | steps | samples | select | accuracy | FLOPs / puzzle | ms / puzzle |",
+        "|---|---|---|---|---|---|---|---|",
+        "| trm | depth | 16 | 1 | first | 50.0% | 2.4e+10 | 120.0 |",
+        "| trm | width | 4 | 20 | q | 97.5% | 1.2e+11 | - |",
+    ]
+
+
+def test_eval_measures_the_grid_and_draws_it(gram_run, capsys):
+    code = main(
+        ["eval", str(gram_run), "--samples", "2", "--steps", "2", "--limit", "3", "--steps-grid", "1,2",
+         "--samples-grid", "1,2", "--width-depths", "2", "--timing-puzzles", "1", "--json"]
+    )  # fmt: skip
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    cells = report["compute"]["cells"]
+    assert len(cells) == 2 + 2 * 3 and report["flops_per_puzzle"] == 2 * 2 * report["inference_flops"]["step"]
+    assert (gram_run / "eval_compute.png").is_file()
+    assert "| gram | width | 2 | 2 | value |" in (gram_run / "eval.md").read_text()
+    assert main(["eval", str(gram_run), "--steps-grid", "1,x"]) == 2
+    assert "--steps-grid" in capsys.readouterr().err
