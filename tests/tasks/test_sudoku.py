@@ -123,6 +123,33 @@ def test_generator_is_deterministic_and_respects_tiers() -> None:
         S.generate(np.random.default_rng(0), (2, 2), tier="extreme", max_candidates=20)
 
 
+def test_added_clues_keep_the_one_solution_and_rate_the_easier_puzzle() -> None:
+    rng = np.random.default_rng(4)
+    solution = S.random_solution(rng)
+    minimal = S.minimal_puzzle(solution, rng)
+    more = S.add_clues(minimal, solution, 40, rng)
+    assert (more > 0).sum() == 40 and ((minimal > 0) <= (more > 0)).all()
+    assert (more[more > 0] == solution[more > 0]).all()
+    assert S.solve(more, limit=2).count == 1
+    assert (S.add_clues(minimal, solution, 10, rng) == minimal).all()  # a minimal 9x9 has more already
+    task = get_task("sudoku", n=9, tier="easy", clues=36)
+    for puzzle, answer in itertools.islice(task.examples("test", seed=2), 3):
+        assert (
+            (puzzle > 0).sum() == 36 and S.solve(puzzle, limit=2).count == 1 and task.verify(puzzle, answer)
+        )
+        assert S.rate(puzzle) == 0
+    with pytest.raises(UsageError, match="option clues must be at most 81"):
+        get_task("sudoku", n=9, clues=82)
+
+
+def test_no_added_clues_leave_the_generated_puzzles_as_they_were() -> None:
+    rng = np.random.default_rng(9)
+    solution = S.random_solution(rng)
+    puzzle = S.minimal_puzzle(solution, rng)
+    again = S.generate(np.random.default_rng(9), max_candidates=1)  # every rating: the first candidate
+    assert (again[0] == puzzle).all() and (again[1] == solution).all()
+
+
 def test_tier_stats_describe_the_candidates_that_fall_in_each_tier() -> None:
     box = (2, 3)
     stats = S.tier_stats(80, box=box, seed=1)

@@ -29,6 +29,14 @@ def random_solution(rng: np.random.Generator, box: tuple[int, int] = (3, 3)) -> 
     return augment(grid, grid, rng, box)[1]
 
 
+def candidate(
+    rng: np.random.Generator, box: tuple[int, int] = (3, 3), clues: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(puzzle, solution)``: a random grid, a minimal puzzle of it, and givens added up to ``clues``."""
+    solution = random_solution(rng, box)
+    return add_clues(minimal_puzzle(solution, rng, box), solution, clues, rng), solution
+
+
 def minimal_puzzle(
     solution: np.ndarray, rng: np.random.Generator, box: tuple[int, int] = (3, 3)
 ) -> np.ndarray:
@@ -38,6 +46,18 @@ def minimal_puzzle(
     removal = rng.permutation(geo.n * geo.n).astype(np.int32)
     flat = np.ascontiguousarray(solution, dtype=np.int8).ravel()
     return _minimize(flat, removal, *_kernel_args(geo), order, digits).reshape(geo.n, geo.n)
+
+
+def add_clues(puzzle: np.ndarray, solution: np.ndarray, clues: int, rng: np.random.Generator) -> np.ndarray:
+    """``puzzle`` with givens of ``solution`` added in random cells until it has ``clues`` of them (or as it is
+    when it has as many already). A puzzle with one solution keeps it: givens only remove candidates."""
+    out = np.array(puzzle, dtype=np.int8)
+    flat, answer = out.reshape(-1), np.asarray(solution).reshape(-1)
+    missing = clues - int((flat > 0).sum())
+    if missing > 0:
+        cells = rng.permutation(np.flatnonzero(flat == 0))[:missing]
+        flat[cells] = answer[cells]
+    return out
 
 
 def tier_bounds(tier: str | None, min_rating: int | None = None, max_rating: int | None = None):
@@ -53,16 +73,17 @@ def generate(
     min_rating: int | None = None,
     max_rating: int | None = None,
     max_candidates: int = 20_000,
+    clues: int = 0,
 ) -> tuple[np.ndarray, np.ndarray, int]:
     """One puzzle with a unique solution and a rating in the tier's range: ``(puzzle, solution, rating)``.
 
-    Candidates (random grid, then a minimal puzzle) are made and rated until one fits, so harder tiers
-    cost more candidates per puzzle (about 1 in 30 is "extreme" on 9x9).
+    Candidates (random grid, then a minimal puzzle, then random givens added up to ``clues``; 0 adds none) are
+    made and rated until one fits, so harder tiers cost more candidates per puzzle (about 1 in 30 is
+    "extreme" on 9x9).
     """
     low, high = tier_bounds(tier, min_rating, max_rating)
     for _ in range(max_candidates):
-        solution = random_solution(rng, box)
-        puzzle = minimal_puzzle(solution, rng, box)
+        puzzle, solution = candidate(rng, box, clues)
         rating = rate(puzzle, box)
         if rating >= low and (high is None or rating <= high):
             return puzzle, solution, rating
@@ -103,22 +124,23 @@ def tier_stats(
     box: tuple[int, int] = (3, 3),
     seed: int = 0,
     tiers: dict[str, tuple[int, int | None]] | None = None,
+    clues: int = 0,
 ) -> list[TierStats]:
     """Ratings and clue counts of the generator's puzzles per tier, from ``candidates`` candidates made as
-    :func:`generate` makes them (a random grid, then a minimal puzzle), each rated and put in its tier.
+    :func:`generate` makes them (:func:`candidate`, with ``clues``), each rated and put in its tier.
 
     :func:`generate` keeps the first candidate in the asked range, so a tier's puzzles are distributed as the
     candidates that fall in it: these statistics describe what a dataset of that tier holds.
     """
     rng = np.random.default_rng(seed)
-    ratings, clues = np.empty(candidates, np.int64), np.empty(candidates, np.int64)
+    ratings, givens = np.empty(candidates, np.int64), np.empty(candidates, np.int64)
     for i in range(candidates):
-        puzzle = minimal_puzzle(random_solution(rng, box), rng, box)
-        ratings[i], clues[i] = rate(puzzle, box), int((puzzle > 0).sum())
+        puzzle, _ = candidate(rng, box, clues)
+        ratings[i], givens[i] = rate(puzzle, box), int((puzzle > 0).sum())
     out = []
     for name, (low, high) in (tiers or TIERS).items():
         inside = (ratings >= low) & (True if high is None else ratings <= high)
-        r, c = ratings[inside], clues[inside]
+        r, c = ratings[inside], givens[inside]
         out.append(
             TierStats(
                 tier=name,
