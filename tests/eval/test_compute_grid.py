@@ -9,14 +9,18 @@ import json
 import numpy as np
 import pytest
 import torch
+import yaml
 
 from latentloop.cli import main
 from latentloop.errors import UsageError
 from latentloop.eval.grid import ComputeGrid
 from latentloop.eval.reasoners import compute_table, evaluate_grid, evaluate_model
+from latentloop.experiments import load_experiment
+from latentloop.experiments.runner import run_experiment
 from latentloop.infer.scaling import inference_flops, step_cost
 from latentloop.models.reasoners import ReasonerConfig, build_reasoner
 from latentloop.tasks.base import get_task
+from tests.tiny import TINY_REASONER, tiny_run
 
 
 @pytest.fixture(scope="module")
@@ -126,3 +130,39 @@ def test_eval_measures_the_grid_and_draws_it(gram_run, capsys):
     assert "| gram | width | 2 | 2 | value |" in (gram_run / "eval.md").read_text()
     assert main(["eval", str(gram_run), "--steps-grid", "1,x"]) == 2
     assert "--steps-grid" in capsys.readouterr().err
+
+
+def _experiment(folder, **evaluation):
+    for arch in ("gram", "trm"):
+        run = tiny_run(
+            TINY_REASONER, arch=arch, train={"steps": 2, "eval_size": 0}, task={"name": "nqueens", "n": 5}
+        )
+        (folder / f"{arch}.yaml").write_text(yaml.safe_dump(run))
+    spec = {
+        "description": "tiny",
+        "models": {"gram": {"config": "gram.yaml"}, "trm": {"config": "trm.yaml"}},
+        "eval": {"samples": 2, "steps": 2, "limit": 3, **evaluation},
+    }
+    path = folder / "tiny.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return str(path)
+
+
+def test_an_experiment_reports_the_grid_of_every_model(tmp_path):
+    grid = {"steps_grid": [1, 2], "samples_grid": [1, 2], "width_depths": [2], "state_noise": 0.3}
+    path = _experiment(tmp_path, timing_puzzles=1, **grid)
+    out = tmp_path / "out"
+    results = run_experiment(load_experiment(path), out, progress=False, log=lambda _: None)
+    for name in ("gram", "trm"):  # TRM's widths come from its noisy state, GRAM's from its own noise
+        cells = results["models"][name]["eval"]["compute"]["cells"]
+        assert [c["curve"] for c in cells] == ["depth"] * 2 + ["width"] * 6
+    assert results["models"]["trm"]["eval"]["compute"]["state_noise"] == 0.3
+    assert results["models"]["gram"]["eval"]["compute"]["state_noise"] == 0.0
+    report = (out / "report.md").read_text()
+    assert "| trm | width | 2 | 2 | q |" in report and "| gram | depth | 1 | 1 | first |" in report
+    assert (out / "compute.png").stat().st_size > 0
+    logged = []
+    again = run_experiment(load_experiment(path), out, progress=False, log=logged.append)
+    assert again["models"] == results["models"] and sum("evaluated already" in line for line in logged) == 2
+    with pytest.raises(UsageError, match=r"eval\.samples_grid"):
+        load_experiment(_experiment(tmp_path, samples_grid=[1, 2]))

@@ -168,6 +168,19 @@ def _parse_depths(text: str) -> list[int]:
     return depths
 
 
+def _parse_grid(text: str | None, option: str) -> list[int]:
+    """A comma-separated list of positive integers (``1,2,4``); empty when not given."""
+    if not text:
+        return []
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise UsageError(f"{option} must be comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise UsageError(f"{option} must list positive integers, got {text!r}")
+    return values
+
+
 @app.command("eval")
 def eval_command(
     run: str = typer.Argument(
@@ -206,10 +219,34 @@ def eval_command(
         "--split",
         help="Puzzle models: test, or validation (the training puzzles held out by train.validation).",
     ),
+    steps_grid: str = typer.Option(
+        None,
+        "--steps-grid",
+        help="Puzzle models: depths of the compute table's depth curve, one trajectory each (1,2,4,...,320).",
+    ),
+    samples_grid: str = typer.Option(
+        None, "--samples-grid", help="Puzzle models: samples of the width curves (1,2,5,10,20)."
+    ),
+    width_depths: str = typer.Option(
+        None,
+        "--width-depths",
+        help="Puzzle models: the steps at which the width curves are measured (4,8,16).",
+    ),
+    state_noise: float = typer.Option(
+        0.0,
+        "--state-noise",
+        help="Puzzle models: for the width curves of a deterministic model, Gaussian noise of this standard "
+        "deviation added to its latent state before every step (noisy TRM; rank with --select q).",
+    ),
+    timing_puzzles: int = typer.Option(
+        8, "--timing-puzzles", help="Puzzle models: puzzles solved one at a time to time each compute cell."
+    ),
     json_output: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
     """Held-out accuracy (or perplexity) at each test-time depth; writes eval.json, eval.md, eval_depth.png.
-    Puzzle models: accuracy by the verifier, coverage, conflicts, curves over steps and samples."""
+    Puzzle models: accuracy by the verifier, coverage, conflicts, curves over steps and samples; with
+    --steps-grid or --width-depths also accuracy, inference FLOPs and ms per puzzle of every cell
+    (eval_compute.png)."""
     depths = _parse_depths(num_steps)
     if limit is not None and limit < 1:
         raise UsageError(f"--limit must be positive, got {limit}")
@@ -223,8 +260,17 @@ def eval_command(
     write = not from_hub(run)
     run = str(resolve_model(run, revision))
     if family_of_run(run) is REASONER:
+        from latentloop.eval.grid import ComputeGrid
         from latentloop.eval.reasoners import evaluate_reasoner
         from latentloop.eval.reasoners import markdown_table as reasoner_table
+
+        grid = ComputeGrid(
+            _parse_grid(steps_grid, "--steps-grid"),
+            _parse_grid(samples_grid, "--samples-grid"),
+            _parse_grid(width_depths, "--width-depths"),
+            state_noise,
+            timing_puzzles,
+        )
 
         report = evaluate_reasoner(
             run,
@@ -239,6 +285,7 @@ def eval_command(
             halt=halt,
             split=split,
             write=write,
+            grid=grid,
         )
         typer.echo(json.dumps(report) if json_output else reasoner_table(report).rstrip())
         if not json_output:

@@ -13,6 +13,7 @@ from typing import Any
 
 from latentloop.config import apply_overrides, load_yaml
 from latentloop.errors import UsageError
+from latentloop.eval.grid import GRID_FIELDS, ComputeGrid
 from latentloop.experiments.kinds import DEFAULT_KIND, KINDS
 from latentloop.paths import EXPERIMENTS_DIR  # shipped in the package: configs/experiments/
 
@@ -65,6 +66,14 @@ class EvalSpec:
     every: int = 250
     # Puzzle models: "validation" evaluates on training puzzles held out by train.validation, for tuning
     split: str = "test"
+    # Puzzle models' test-time compute (latentloop.eval.grid.ComputeGrid): accuracy, inference FLOPs and ms per
+    # puzzle at each depth of steps_grid (one trajectory) and at each width depth x samples_grid (vote, value,
+    # q); state_noise > 0 perturbs a deterministic model's state for its widths (noisy TRM). Empty: none.
+    steps_grid: list[int] = field(default_factory=list)
+    samples_grid: list[int] = field(default_factory=list)
+    width_depths: list[int] = field(default_factory=list)
+    state_noise: float = 0.0
+    timing_puzzles: int = 8  # puzzles solved one at a time to time each cell
 
 
 @dataclass
@@ -242,6 +251,7 @@ def load_experiment(name_or_path: str, overrides: Sequence[str] = ()) -> Experim
         "split",
         "tiers",
         "width",
+        *GRID_FIELDS,
     }
     unknown = set(raw_eval) - known
     if unknown:
@@ -262,6 +272,10 @@ def load_experiment(name_or_path: str, overrides: Sequence[str] = ()) -> Experim
     _check_every(evaluation.every, path)
     if evaluation.split not in ("test", "validation"):
         raise UsageError(f"{path}: eval.split must be test or validation, got {evaluation.split!r}")
+    try:
+        ComputeGrid.of(evaluation)
+    except UsageError as error:
+        raise UsageError(f"{path}: eval.{error}") from None
     depths = evaluation.depths
     if not isinstance(depths, list) or not depths or not all(isinstance(d, int) and d >= 1 for d in depths):
         raise UsageError(f"{path}: eval.depths must be a list of positive integers")

@@ -1,13 +1,23 @@
 """``kind: reasoners`` (the default): puzzle reasoners evaluated alike on the test split, with depth (steps
-``1..steps``) and width (samples ``1..samples``) curves, beside the paper's numbers."""
+``1..steps``) and width (samples ``1..samples``) curves, beside the paper's numbers; where the experiment asks
+for a compute grid, accuracy against inference FLOPs and time per puzzle (``compute.png``)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from latentloop.eval.reasoners import evaluate_reasoner, load_run, plot_boards, run_dataset
+from latentloop.eval.grid import ComputeGrid
+from latentloop.eval.reasoners import (
+    compute_table,
+    evaluate_reasoner,
+    load_run,
+    plot_boards,
+    plot_compute,
+    run_dataset,
+)
 from latentloop.experiments.kinds.base import ExperimentKind
 from latentloop.experiments.report import (
     accuracy_lines,
@@ -31,7 +41,8 @@ class ReasonersKind(ExperimentKind):
     """Puzzle reasoners on one task: accuracy by vote, value head and one sample, coverage, and how they grow
     with supervision steps and samples; ``eval.fit_value`` first fits a stochastic model's value head to its
     own samples. Options: ``eval.samples``, ``steps``, ``limit``, ``select``, ``seed``, ``temperature``,
-    ``fit_value``, ``split``."""
+    ``fit_value``, ``split``, and the compute grid's ``steps_grid``, ``samples_grid``, ``width_depths``,
+    ``state_noise``, ``timing_puzzles`` (:class:`~latentloop.eval.grid.ComputeGrid`)."""
 
     def evaluate(
         self,
@@ -84,6 +95,9 @@ class ReasonersKind(ExperimentKind):
         lines += ["", *_table(results, rows, has_cov)]
         lines += _value_fits(results)
         lines += _depth_and_width(results, has_cov)
+        computed = {name: row["eval"] for name, row in results["models"].items() if "compute" in row["eval"]}
+        if computed:
+            lines += ["", *compute_table(computed), "", "Accuracy against inference FLOPs: `compute.png`."]
         if any(row["eval"].get("examples") for row in results["models"].values()):
             lines += ["", "A few answers of each model, solved puzzles first, drawn in `boards.png`."]
         return report_end(lines, results)
@@ -93,9 +107,13 @@ class ReasonersKind(ExperimentKind):
         return accuracy_lines(self.summary_rows(results))
 
     def plot(self, results: dict[str, Any], path: Path) -> None:
-        """Accuracy against steps, accuracy against samples and coverage against samples, every model."""
+        """Accuracy against steps, accuracy against samples and coverage against samples, every model; with a
+        compute grid also ``compute.png`` beside it: accuracy against inference FLOPs per puzzle."""
         plt = pyplot()
         models = results["models"]
+        computed = {name: row["eval"] for name, row in models.items() if "compute" in row["eval"]}
+        if computed:
+            plot_compute(computed, path.parent / "compute.png", results["experiment"])
         has_cov = any("coverage" in row["eval"] for row in models.values())
         panels = 3 if has_cov else 2
         fig, axes = plt.subplots(1, panels, figsize=(4.2 * panels, 3.6))
@@ -154,6 +172,8 @@ def evaluate_model(
     where ``settings.fit_value`` asks and the model can use one; stored as its ``eval.json``, which a rerun
     with the same settings reads back."""
     steps = eval_steps(arch, settings)
+    grid = ComputeGrid.of(settings)
+    grid_settings = asdict(grid) if grid.active else None
     fit_steps = settings.fit_value if REASONERS[arch].stochastic and not REASONERS[arch].generative else 0
     wanted = {"samples": settings.samples, "select": settings.select, "seed": settings.seed}
     report = read_json(folder / "eval.json")
@@ -165,6 +185,7 @@ def evaluate_model(
         and report.get("requested_steps", report.get("steps")) == steps
         and report.get("value_fit", {}).get("steps", 0) == fit_steps
         and report.get("split", "test") == settings.split
+        and report.get("compute_settings") == grid_settings
     ):
         log(f"{spec.name}: evaluated already, skipping")
         return report  # written by portable(): its paths are relative to the output folder already
@@ -181,8 +202,11 @@ def evaluate_model(
         progress=None if progress else False,
         label=f"{spec.name}: evaluating",
         split=settings.split,
+        grid=grid,
     )
     report["limit"], report["requested_steps"] = settings.limit, steps
+    if grid_settings is not None:
+        report["compute_settings"] = grid_settings
     if value_fit is not None:
         report["value_fit"] = value_fit
     report = portable(report, folder.parent)
