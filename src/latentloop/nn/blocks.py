@@ -124,26 +124,9 @@ class PostNormBlock(_Block):
         return self.norm_2(x + self.mlp(x))
 
 
-class PeriNormBlock(_Block):
-    """``x = x + n2(Attn(n1(x)))``; ``x = x + n4(MLP(n3(x)))``: four norms like the sandwich, but
+class PeriNormBlock(SandwichBlock):
+    """``x = x + n2(Attn(n1(x)))``; ``x = x + n4(MLP(n3(x)))``: the sandwich's four norms and parameters, but
     the residual stream itself is never normalised (Ouro's layer: each branch is normed on its way in and out)."""
-
-    def __init__(
-        self,
-        dim: int,
-        n_heads: int,
-        hidden: int,
-        eps: float = 1e-6,
-        qk_bias: bool = False,
-        bias: bool = False,
-        norm_weight: bool = True,
-        rope_halves: bool = False,
-    ):
-        super().__init__(dim, n_heads, hidden, eps, qk_bias, bias, norm_weight, rope_halves)
-        self.norm_1 = RMSNorm(dim, eps, norm_weight)
-        self.norm_2 = RMSNorm(dim, eps, norm_weight)
-        self.norm_3 = RMSNorm(dim, eps, norm_weight)
-        self.norm_4 = RMSNorm(dim, eps, norm_weight)
 
     def forward(
         self,
