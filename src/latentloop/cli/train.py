@@ -208,7 +208,9 @@ def eval_command(
         "answered by vote (language models, default 1; needs --init-scale > 0).",
     ),
     steps: int = typer.Option(None, "--steps", help="Puzzle models: supervision steps (default: n_sup)."),
-    select: str = typer.Option("vote", "--select", help="Puzzle models: vote, value or first."),
+    select: str = typer.Option(
+        "vote", "--select", help="Puzzle models: vote, value, first or q (the halting head)."
+    ),
     temperature: float = TEMPERATURE,
     seed: int = typer.Option(0, "--seed", help="Puzzle models: seed of the sampling noise."),
     halt: bool = typer.Option(
