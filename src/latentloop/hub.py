@@ -16,11 +16,12 @@ on disk.
 
 from __future__ import annotations
 
+import json
 import re
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from huggingface_hub import HfApi, constants, snapshot_download
 from huggingface_hub.utils import (
@@ -34,6 +35,8 @@ from huggingface_hub.utils import (
 
 from latentloop.errors import UsageError
 from latentloop.io import atomic_write_text
+
+T = TypeVar("T")
 
 CARD_FILE = "README.md"
 # A Hub repository id as huggingface_hub accepts it, and always with its namespace: a bare word is far more
@@ -80,6 +83,26 @@ def resolve_model(
     if not is_repo_id(name_or_path):
         raise UsageError(f"{path} does not exist")
     return _snapshot(str(name_or_path), revision, cache_dir, token)
+
+
+def read_config_json(folder: Path, parse: Callable[[dict[str, Any]], T]) -> T:
+    """``parse`` applied to ``folder/config.json``; a missing folder or file, JSON that is not an object, or a
+    value ``parse`` refuses (``UsageError``, ``ValueError``, ``TypeError``) is one line naming the file."""
+    file = folder / "config.json"
+    if not folder.is_dir():
+        raise UsageError(f"checkpoint folder {folder} does not exist")
+    if not file.is_file():
+        raise UsageError(f"{folder} has no config.json")
+    try:
+        data = json.loads(file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise UsageError(f"{file} is not valid JSON: {error}") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"{file} must hold a JSON object")
+    try:
+        return parse(data)
+    except (UsageError, ValueError, TypeError) as error:
+        raise UsageError(f"{file}: {error}") from None
 
 
 def _cache_root(cache_dir: str | Path | None) -> Path:

@@ -19,7 +19,6 @@ checkpoint loads with :meth:`OuroLM.from_pretrained`, and :meth:`OuroLM.save_pre
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -31,7 +30,7 @@ from torch import nn
 from latentloop.config import from_dict
 from latentloop.data.labels import IGNORE_LABEL
 from latentloop.errors import UsageError
-from latentloop.hub import resolve_model
+from latentloop.hub import read_config_json, resolve_model
 from latentloop.models.generation import generate
 from latentloop.models.kv_cache import RecurrentKVCache
 from latentloop.models.looped import LoopSpec
@@ -382,18 +381,4 @@ class OuroLM(nn.Module):
 
 def read_ouro_config(path: Path) -> OuroConfig:
     """Parse ``path/config.json`` as an Ouro config, with one-line errors."""
-    file = path / "config.json"
-    if not path.is_dir():
-        raise UsageError(f"checkpoint folder {path} does not exist")
-    if not file.is_file():
-        raise UsageError(f"{path} has no config.json")
-    try:
-        data = json.loads(file.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise UsageError(f"{file} is not valid JSON: {error}") from None
-    if not isinstance(data, dict):
-        raise UsageError(f"{file} must hold a JSON object")
-    try:
-        return OuroConfig.from_ouro_dict(data)
-    except (UsageError, ValueError, TypeError) as error:
-        raise UsageError(f"{file}: {error}") from None
+    return read_config_json(path, OuroConfig.from_ouro_dict)

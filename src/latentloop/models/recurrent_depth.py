@@ -12,7 +12,6 @@ with :meth:`RecurrentDepthLM.from_pretrained` and :meth:`save_pretrained` writes
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,8 +24,7 @@ from torch.utils.checkpoint import checkpoint
 
 from latentloop.config import from_dict
 from latentloop.data.labels import IGNORE_LABEL
-from latentloop.errors import UsageError
-from latentloop.hub import PushToHub, lm_model_card, resolve_model, write_model_card
+from latentloop.hub import PushToHub, lm_model_card, read_config_json, resolve_model, write_model_card
 from latentloop.models.generation import generate
 from latentloop.models.huginn_format import load_huginn, save_huginn
 from latentloop.models.kv_cache import LayerKey, RecurrentKVCache
@@ -445,18 +443,4 @@ class RecurrentDepthLM(PushToHub, nn.Module):
 
 def load_config_json(path: Path) -> RecurrentDepthConfig:
     """Parse ``path/config.json`` with one-line errors."""
-    file = path / "config.json"
-    if not path.is_dir():
-        raise UsageError(f"checkpoint folder {path} does not exist")
-    if not file.is_file():
-        raise UsageError(f"{path} has no config.json")
-    try:
-        data = json.loads(file.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise UsageError(f"{file} is not valid JSON: {error}") from None
-    if not isinstance(data, dict):
-        raise UsageError(f"{file} must hold a JSON object")
-    try:
-        return RecurrentDepthConfig.from_huginn_dict(data)
-    except (UsageError, ValueError) as error:
-        raise UsageError(f"{file}: {error}") from None
+    return read_config_json(path, RecurrentDepthConfig.from_huginn_dict)
