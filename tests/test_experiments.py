@@ -257,6 +257,7 @@ SHIPPED_SCHEDULES = {
         "looped": 7600,
         "hrm": 7270,
     },
+    "nqueens8-ablation": dict.fromkeys(["full", "no-guidance", "stochasticity-only"], 7100),
     "nqueens8-gram-fast": {"seed-0": 7100, "seed-1": 7100},
     "nqueens8-long": dict.fromkeys(["gram", "trm", "hrm", "looped", "direct", "ar", "mdlm"], 15400),
     "nqueens8-time": {
