@@ -106,3 +106,28 @@ def test_solving_with_a_model_is_seeded(capsys):
         answers.append(json.loads(capsys.readouterr().out)["valid_answers"])
     assert answers[0] == answers[1]
     assert answers[2] != answers[0]
+
+
+def test_a_task_may_ship_one_model_per_puzzle_size_and_the_puzzle_picks_it(tmp_path):
+    """Two Sudoku models (6x6 and 9x9): the one whose task parses the puzzle is chosen, the first otherwise."""
+    for name, options in (("sudoku6", "box: 2x3"), ("sudoku9", "n: 9")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "run.yaml").write_text(f"task:\n  name: sudoku\n  {options}\n")
+        (tmp_path / name / "model.safetensors").write_bytes(b"")
+
+    def takes(puzzle):
+        def fits(folder):
+            spec = pretrained_task_spec(folder)
+            name, options = parse_task_spec(spec)[:2]
+            try:
+                get_task(name, **options).parse(puzzle)
+            except UsageError:
+                return False
+            return True
+
+        return fits
+
+    assert pretrained_model("sudoku", takes("." * 81), tmp_path) == tmp_path / "sudoku9"
+    assert pretrained_model("sudoku", takes("." * 36), tmp_path) == tmp_path / "sudoku6"
+    assert pretrained_model("sudoku", takes("." * 17), tmp_path) == tmp_path / "sudoku6"
+    assert pretrained_model("sudoku", None, tmp_path) == tmp_path / "sudoku6"

@@ -8,6 +8,7 @@ experiment's run). ``scripts/pretrained.sh`` retrains them by replaying the same
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from latentloop.config import load_yaml
@@ -16,11 +17,20 @@ from latentloop.paths import PRETRAINED_DIR
 
 
 def pretrained_models(folder: Path = PRETRAINED_DIR) -> dict[str, Path]:
-    """Task name -> the shipped model's folder (one per task)."""
+    """Task name -> the first shipped model's folder of that task (in name order)."""
     found: dict[str, Path] = {}
+    for task, paths in pretrained_variants(folder).items():
+        found[task] = paths[0]
+    return found
+
+
+def pretrained_variants(folder: Path = PRETRAINED_DIR) -> dict[str, list[Path]]:
+    """Task name -> every shipped model's folder of that task, in name order: a task may ship one model per
+    puzzle size (6x6 and 9x9 Sudoku)."""
+    found: dict[str, list[Path]] = {}
     for path in sorted(folder.iterdir()) if folder.is_dir() else []:
         if (path / "run.yaml").is_file() and (path / "model.safetensors").is_file():
-            found.setdefault(str(load_yaml(path / "run.yaml")["task"]["name"]), path)
+            found.setdefault(str(load_yaml(path / "run.yaml")["task"]["name"]), []).append(path)
     return found
 
 
@@ -32,12 +42,15 @@ def pretrained_task_spec(folder: Path) -> str:
     return f"{name}:{options}" if options else str(name)
 
 
-def pretrained_model(task: str) -> Path:
-    """The shipped model for ``task``; a one-line error naming the alternatives when none ships."""
-    folder = pretrained_models().get(task)
-    if folder is None:
-        shipped = ", ".join(sorted(pretrained_models())) or "none"
+def pretrained_model(
+    task: str, fits: Callable[[Path], bool] | None = None, folder: Path = PRETRAINED_DIR
+) -> Path:
+    """The shipped model for ``task``: the first for which ``fits(folder)`` holds (e.g. its task parses the
+    puzzle), else the first; a one-line error naming the alternatives when none ships."""
+    variants = pretrained_variants(folder)
+    if task not in variants:
+        shipped = ", ".join(sorted(variants)) or "none"
         raise UsageError(
             f"no pretrained model ships for {task!r} (shipped: {shipped}); solve it with --exact or --model RUN"
         )
-    return folder
+    return next((path for path in variants[task] if fits is not None and fits(path)), variants[task][0])

@@ -7,6 +7,7 @@ positional arguments (e.g. ``latentloop data build sudoku --out d --tier hard --
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -177,7 +178,14 @@ def solve(
     if not exact and model is None:
         from latentloop.pretrained import pretrained_model, pretrained_task_spec
 
-        pretrained = pretrained_model(the_task.name)
+        def takes(folder: Path) -> bool:  # the shipped model whose puzzle size this puzzle has
+            try:
+                _task(pretrained_task_spec(folder), ctx)[0].parse(puzzle)
+            except UsageError:
+                return False
+            return True
+
+        pretrained = pretrained_model(the_task.name, fits=None if options else takes)
         model = str(pretrained)
         if not options:  # the shipped model fixes the puzzle size (e.g. 6x6 Sudoku)
             the_task, _ = _task(pretrained_task_spec(pretrained), ctx)
