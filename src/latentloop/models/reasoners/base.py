@@ -144,9 +144,9 @@ class ReasonerConfig:
             raise UsageError("model.rope_grid needs no puzzle embeddings and a head size divisible by 4")
         if self.beta < 0 or not 0 <= self.kl_balance <= 1:
             raise UsageError("model.beta must be >= 0 and model.kl_balance in [0, 1]")
-
         if self.guidance not in GUIDANCE:
             raise UsageError(f"model.guidance must be one of {', '.join(GUIDANCE)}, got {self.guidance!r}")
+
     @property
     def prefix_len(self) -> int:
         """Positions the puzzle embedding prepends to the input (0 without puzzle embeddings)."""
