@@ -168,7 +168,10 @@ def check_repeated_keys(overrides: list[str]) -> None:
         key, _, value = item.partition("=")
         key = key.strip()
         if key in seen and seen[key] != value.strip():
-            raise UsageError(f"{key} is set twice, to {seen[key]} and to {value.strip()}: give it once")
+            first, second = (
+                text if text.isprintable() else repr(text) for text in (seen[key], value.strip())
+            )
+            raise UsageError(f"{key} is set twice, to {first} and to {second}: give it once")
         seen[key] = value.strip()
 
 

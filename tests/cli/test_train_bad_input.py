@@ -136,6 +136,8 @@ def test_an_empty_config_file_is_refused_rather_than_run_with_every_default(tmp_
     [
         (["--steps", "1", "train.steps=-5"], "train.steps is set twice, to -5 and to 1: give it once"),
         (["train.lr=1e-3", "train.lr=2e-3"], "train.lr is set twice, to 1e-3 and to 2e-3: give it once"),
+        # A control character is quoted, so the message stays on one line.
+        (["train.lr=", "train.lr=0\r0"], "train.lr is set twice, to  and to '0\\r0': give it once"),
         (["--steps", "-5"], "train.steps must not be negative, got -5"),
         (["train.steps=-5"], "train.steps must not be negative, got -5"),
     ],
