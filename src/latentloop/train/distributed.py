@@ -49,8 +49,6 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 _ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
-PARALLEL = ("ddp", "fsdp")  # the values of train.parallel
-
 
 @dataclass(frozen=True)
 class DistContext:

@@ -22,8 +22,10 @@ from latentloop.models.reasoners import REASONERS, ReasonerConfig
 from latentloop.models.recurrent_depth import RecurrentDepthConfig
 from latentloop.tasks.base import Task, parse_task_spec, task_class
 from latentloop.train.curriculum import CurriculumStage, check_curriculum
-from latentloop.train.distributed import PARALLEL
 from latentloop.train.recurrence import SCHEMES
+
+# The values of train.parallel (latentloop.train.distributed wraps the model for each)
+PARALLEL = ("ddp", "fsdp")
 
 PRECISIONS = ("auto", "fp32", "bf16")
 LM_ARCH = "recurrent-depth"
