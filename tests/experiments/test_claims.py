@@ -217,7 +217,15 @@ def test_rules_and_conditions():
 def test_field_paths():
     data = {
         "models": {
-            "x": {"curve": [{"steps": 1, "acc": 0.25}, {"steps": 8, "acc": 0.75}], "ok": True},
+            "x": {
+                "curve": [{"steps": 1, "acc": 0.25}, {"steps": 8, "acc": 0.75}],
+                "cells": [
+                    {"curve": "depth", "steps": 8, "acc": 0.5},
+                    {"curve": "width", "steps": 8, "acc": 0.9},
+                    {"curve": "width", "steps": 4, "acc": 0.7},
+                ],
+                "ok": True,
+            },
             "y": {"curve": [{"steps": 1, "acc": 0.5}], "ok": False},
         }
     }
@@ -225,6 +233,9 @@ def test_field_paths():
     assert resolve(data, "models.x.curve[-1].steps") == [8]
     assert sorted(resolve(data, "models.*.curve[*].acc")) == [0.25, 0.5, 0.75]
     assert resolve(data, "models.z.curve") == []
+    assert resolve(data, "models.x.cells[curve=width,steps=8].acc") == [0.9]  # every term must hold
+    assert resolve(data, "models.x.cells[curve=width].acc") == [0.9, 0.7]
+    assert resolve(data, "models.x.cells[curve=depth,steps=4].acc") == []
     assert measure_value(Measure(("models.*.curve[steps=1].acc",), 100.0, "min"), data) == 25.0
     assert measure_value(Measure(("models.*.ok",), reduce="sum"), data) == 1.0
     assert measure_value(Measure(("models.*.ok",), reduce="count"), data) == 2.0

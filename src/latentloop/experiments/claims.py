@@ -76,7 +76,8 @@ class Measure:
     """A number read from a results file.
 
     ``paths`` are field paths: keys separated by dots, ``*`` for every key of a mapping, ``[key=value]`` for the
-    list item whose ``key`` equals ``value``, ``[*]`` for every item and ``[N]`` for an index. With one path that
+    list items whose ``key`` equals ``value`` (``[a=1,b=2]``: both hold), ``[*]`` for every item and ``[N]``
+    for an index. With one path that
     matches one value, the value itself; otherwise ``reduce`` (``min``, ``max``, ``sum``, ``count``) combines
     them. Booleans read as 1 and 0. The value is multiplied by ``scale`` (100 for fractions shown as percent).
     ``source`` reads another file than the claim's.
@@ -776,11 +777,12 @@ def resolve(data: Any, path: str) -> list[Any]:
                 if selector == "*":
                     found.extend(node)
                 elif "=" in selector:
-                    name, wanted = selector.split("=", 1)
+                    wanted = [term.split("=", 1) for term in selector.split(",")]
                     found.extend(
                         item
                         for item in node
-                        if isinstance(item, dict) and (wanted == "*" or str(item.get(name)) == wanted)
+                        if isinstance(item, dict)
+                        and all(value == "*" or str(item.get(name)) == value for name, value in wanted)
                     )
                 elif -len(node) <= int(selector) < len(node):
                     found.append(node[int(selector)])
