@@ -13,19 +13,28 @@ from latentloop.config import load_yaml
 from latentloop.errors import UsageError
 from latentloop.eval.reasoners import solve_puzzle
 from latentloop.models.reasoners import load_reasoner
-from latentloop.pretrained import pretrained_model, pretrained_models, pretrained_task_spec
+from latentloop.pretrained import (
+    pretrained_model,
+    pretrained_models,
+    pretrained_solve_settings,
+    pretrained_task_spec,
+    pretrained_variants,
+)
 from latentloop.tasks.base import get_task, parse_task_spec
 
 SHIPPED = pretrained_models()
+VARIANTS = {path.name: path for paths in pretrained_variants().values() for path in paths}
+SUDOKU9 = "8.6.54.7.92.78....1.....43...1.4.8..45..671..7.2....9....3.52.15.72.8..6283....5."  # held out
 
 
 def test_sudoku_and_nqueens_models_ship():
     assert {"sudoku", "nqueens"} <= set(SHIPPED)
+    assert {"sudoku6-trm", "sudoku9-trm"} <= set(VARIANTS)  # one Sudoku model per puzzle size
 
 
-@pytest.mark.parametrize("task", sorted(SHIPPED))
-def test_a_shipped_model_is_the_model_its_run_config_describes(task):
-    folder = SHIPPED[task]
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_a_shipped_model_is_the_model_its_run_config_describes(name):
+    folder = VARIANTS[name]
     model = load_reasoner(folder)
     run = load_yaml(folder / "run.yaml")
     assert model.arch == run["arch"]
@@ -34,9 +43,9 @@ def test_a_shipped_model_is_the_model_its_run_config_describes(task):
     assert sum(f.stat().st_size for f in folder.iterdir()) < 8 * 2**20  # a few MB
 
 
-@pytest.mark.parametrize("task", sorted(SHIPPED))
-def test_a_shipped_model_solves_most_held_out_puzzles(task):
-    folder = SHIPPED[task]
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_a_shipped_model_solves_most_held_out_puzzles(name):
+    folder = VARIANTS[name]
     spec = pretrained_task_spec(folder)
     the_task = get_task(*parse_task_spec(spec)[:1], **parse_task_spec(spec)[1])
     seed = int(load_yaml(folder / "run.yaml")["train"]["seed"])
@@ -67,10 +76,25 @@ def test_solve_draws_the_answer_as_a_grid_then_the_line_that_check_reads(capsys)
     assert main(["check", "sudoku:box=2x3", puzzle, answer.removeprefix("answer: ")]) == 0
 
 
-def test_a_puzzle_of_another_size_than_the_shipped_model_is_a_usage_error(capsys):
-    code = main(["solve", "sudoku", "." * 81])
+def test_a_puzzle_of_another_size_than_the_shipped_models_is_a_usage_error(capsys):
+    code = main(["solve", "sudoku", "." * 49])
     err = capsys.readouterr().err
-    assert code == 2 and "pretrained sudoku model" in err and len(err.strip().splitlines()) == 1
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert "pretrained sudoku models take sudoku:box=2x3 or sudoku:n=9" in err
+
+
+def test_a_9x9_puzzle_is_solved_by_the_9x9_model_at_the_setting_it_ships_with(capsys):
+    """The shipped 9x9 model answers with its solve.yaml (noisy samples answered by vote); options given on
+    the command line take precedence over it."""
+    shipped = pretrained_solve_settings(VARIANTS["sudoku9-trm"])
+    assert shipped["samples"] > 1 and shipped["state_noise"] > 0
+    assert main(["solve", "sudoku", SUDOKU9, "--json"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert payload["valid"] and payload["samples"] == shipped["samples"]
+    assert main(["check", "sudoku:n=9", SUDOKU9, payload["answer"]]) == 0
+    capsys.readouterr()
+    main(["solve", "sudoku", SUDOKU9, "--samples", "1", "--state-noise", "0", "--json"])
+    assert json.loads(capsys.readouterr().out)["samples"] == 1
 
 
 def test_a_task_without_a_shipped_model_names_the_alternatives():
@@ -131,3 +155,24 @@ def test_a_task_may_ship_one_model_per_puzzle_size_and_the_puzzle_picks_it(tmp_p
     assert pretrained_model("sudoku", takes("." * 36), tmp_path) == tmp_path / "sudoku6"
     assert pretrained_model("sudoku", takes("." * 17), tmp_path) == tmp_path / "sudoku6"
     assert pretrained_model("sudoku", None, tmp_path) == tmp_path / "sudoku6"
+
+
+def test_a_shipped_models_solve_settings_are_read_and_checked(tmp_path):
+    """solve.yaml beside the weights gives solve's default test-time setting; a typo or a wrong type in it is
+    a one-line error, not a silently ignored setting."""
+    assert pretrained_solve_settings(tmp_path) == {}
+    (tmp_path / "solve.yaml").write_text("steps: 8\nsamples: 10\nselect: q\nstate_noise: 0.3\n")
+    assert pretrained_solve_settings(tmp_path) == {
+        "steps": 8,
+        "samples": 10,
+        "select": "q",
+        "state_noise": 0.3,
+    }
+    (tmp_path / "solve.yaml").write_text("state_noise: 1\n")  # a whole number is a number
+    assert pretrained_solve_settings(tmp_path) == {"state_noise": 1}
+    (tmp_path / "solve.yaml").write_text("sample: 10\n")
+    with pytest.raises(UsageError, match=r"unknown solve settings \['sample'\]"):
+        pretrained_solve_settings(tmp_path)
+    (tmp_path / "solve.yaml").write_text("samples: ten\n")
+    with pytest.raises(UsageError, match="samples must be a whole number, got 'ten'"):
+        pretrained_solve_settings(tmp_path)

@@ -3,13 +3,15 @@ installation, without training.
 
 Each folder under ``resources/pretrained/`` is a checkpoint (``config.json`` and the EMA weights
 ``model.safetensors``) plus ``run.yaml``, the configuration of the training run that produced it (a shipped
-experiment's run). ``scripts/pretrained.sh`` retrains them by replaying the same batches from the same seed.
+experiment's run), and optionally ``solve.yaml``, the test-time setting ``solve`` uses by default (chosen on the
+validation split). ``scripts/pretrained.sh`` retrains them by replaying the same batches from the same seed.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from latentloop.config import load_yaml
 from latentloop.errors import UsageError
@@ -40,6 +42,29 @@ def pretrained_task_spec(folder: Path) -> str:
     name = task.pop("name")
     options = ",".join(f"{key}={value}" for key, value in task.items())
     return f"{name}:{options}" if options else str(name)
+
+
+# What a shipped model's solve.yaml may set, and the type of each
+SOLVE_SETTINGS: dict[str, type] = {"steps": int, "samples": int, "select": str, "state_noise": float}
+
+
+def pretrained_solve_settings(folder: Path) -> dict[str, Any]:
+    """The test-time setting ``latentloop solve`` uses with a shipped model unless its options say otherwise:
+    ``solve.yaml`` beside the weights (``steps``, ``samples``, ``select``, ``state_noise``); empty when the
+    model ships without one (then one sample at its trained depth)."""
+    path = folder / "solve.yaml"
+    if not path.is_file():
+        return {}
+    settings = load_yaml(path) or {}
+    unknown = sorted(set(settings) - set(SOLVE_SETTINGS))
+    if unknown:
+        raise UsageError(f"{path}: unknown solve settings {unknown} (known: {', '.join(SOLVE_SETTINGS)})")
+    for key, kind in SOLVE_SETTINGS.items():
+        value = settings.get(key)
+        if value is not None and not (isinstance(value, kind) or (kind is float and type(value) is int)):
+            what = {int: "a whole number", float: "a number", str: "a name"}[kind]
+            raise UsageError(f"{path}: {key} must be {what}, got {value!r}")
+    return settings
 
 
 def pretrained_model(

@@ -63,7 +63,7 @@ def test_check_nqueens_and_graph(capsys, tmp_path) -> None:
         ["check", "sudoku:size=9", CLASSIC, SOLUTION],  # unknown option
         ["check", "sudoku", CLASSIC, SOLUTION, "--tier", "insane"],  # bad option value
         ["check", "sudoku", CLASSIC, SOLUTION, "stray"],  # stray argument
-        ["solve", "sudoku", CLASSIC],  # neither --exact nor --model
+        ["solve", "sudoku", "." * 49],  # no shipped model takes this size
         ["solve", "sudoku", CLASSIC, "--model", "runs/x"],  # not available yet
         ["solve", "arc-agi-1", "007bbfb7", "--exact"],  # no exact solver
         ["solve", "graph-coloring", "/no/such/graph.col", "--exact"],  # unreadable .col

@@ -158,15 +158,31 @@ def solve(
     limit: int | None = typer.Option(None, "--limit", help="Most solutions to list with --all."),
     n: str | None = typer.Option(None, "--n", help="Task option n."),
     colors: str | None = typer.Option(None, "--colors", help="Task option colors (graph colouring)."),
-    samples: int = typer.Option(1, "--samples", help="With a model: parallel samples, chosen by --select."),
-    select: str = typer.Option("vote", "--select", help="With a model: vote, value or first."),
+    samples: int | None = typer.Option(
+        None,
+        "--samples",
+        help="With a model: parallel samples, chosen by --select (default: the shipped model's setting, else 1).",
+    ),
+    select: str | None = typer.Option(
+        None, "--select", help="With a model: vote, value, first or q (the halting head); default vote."
+    ),
+    steps: int | None = typer.Option(
+        None,
+        "--steps",
+        help="With a model: supervision steps (default: the shipped model's setting, else n_sup).",
+    ),
+    state_noise: float | None = typer.Option(
+        None,
+        "--state-noise",
+        help="With a deterministic model: noise on its latent state, so its samples differ (noisy TRM).",
+    ),
     seed: int = typer.Option(
         0, "--seed", help="With a model: seed of the sampling noise (same seed, same answer)."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
     """Solve a puzzle with the exact solver (--exact), a trained model (--model), or else the pretrained model
-    shipped for the task; exit 1 when unsolved."""
+    shipped for the task, at the test-time setting it ships with (its solve.yaml); exit 1 when unsolved."""
     if exact and model is not None:
         raise UsageError("choose one solver: --exact (the classical exact solver) or --model RUN")
     if limit is not None and limit < 1:
@@ -176,7 +192,12 @@ def solve(
     the_task, options = _task(task, ctx, n=n, colors=colors)
     pretrained = None
     if not exact and model is None:
-        from latentloop.pretrained import pretrained_model, pretrained_task_spec
+        from latentloop.pretrained import (
+            pretrained_model,
+            pretrained_solve_settings,
+            pretrained_task_spec,
+            pretrained_variants,
+        )
 
         def takes(folder: Path) -> bool:  # the shipped model whose puzzle size this puzzle has
             try:
@@ -202,26 +223,32 @@ def solve(
     except UsageError as error:
         if pretrained is None:
             raise
+        shipped = [pretrained_task_spec(path) for path in pretrained_variants()[the_task.name]]
+        takes_what = "models take" if len(shipped) > 1 else "model takes"
         raise UsageError(
-            f"{error} (the pretrained {the_task.name} model takes {pretrained_task_spec(pretrained)} puzzles; "
-            "use --exact or --model RUN for others)"
+            f"{error} (the pretrained {the_task.name} {takes_what} {' or '.join(shipped)} puzzles; use --exact or "
+            "--model RUN for others)"
         ) from None
     if exact:
         payload, text, solved = the_task.solve_exact(the_puzzle, all_, limit)
     else:
-        if samples < 1:
-            raise UsageError(f"--samples must be at least 1, got {samples}")
         from latentloop.eval.reasoners import solve_puzzle
 
+        shipped = pretrained_solve_settings(pretrained) if pretrained else {}
+        samples = samples if samples is not None else shipped.get("samples", 1)
+        if samples < 1:
+            raise UsageError(f"--samples must be at least 1, got {samples}")
         payload, text, solved = solve_puzzle(
             model or "",
             the_task,
             the_puzzle,
             samples=samples,
-            select=select,
+            select=select if select is not None else shipped.get("select", "vote"),
             model_task=pretrained_task_spec(pretrained) if pretrained else model_task,
             list_valid=all_,
             seed=seed,
+            steps=steps if steps is not None else shipped.get("steps"),
+            state_noise=state_noise if state_noise is not None else float(shipped.get("state_noise", 0.0)),
         )
     _emit(as_json, payload, text)
     if not solved:

@@ -468,15 +468,20 @@ def solve_puzzle(
     model_task: str | None = None,
     list_valid: bool = False,
     seed: int = 0,
+    steps: int | None = None,
+    state_noise: float = 0.0,
 ) -> tuple[dict, str, bool]:
     """``latentloop solve TASK PUZZLE --model RUN``: ``(payload, text, solved)``. ``model_task`` names the
     model's task when ``run`` is a bare checkpoint (a shipped pretrained model). ``seed`` seeds the model's
-    sampling noise, so the same call gives the same answer (the caller's RNG state is kept).
+    sampling noise, so the same call gives the same answer (the caller's RNG state is kept). ``steps``
+    (default: the model's ``n_sup``) and ``state_noise`` are :func:`~latentloop.infer.scaling.solve`'s.
 
     With several samples the payload also counts the distinct answers among them that the verifier accepts
     (``distinct_valid``); ``list_valid`` lists those answers as well, before the chosen one."""
     with torch.random.fork_rng(devices=[]):
-        return _solve_puzzle(run, task, puzzle, samples, select, model_task, list_valid, seed)
+        return _solve_puzzle(
+            run, task, puzzle, samples, select, model_task, list_valid, seed, steps, state_noise
+        )
 
 
 def _solve_puzzle(
@@ -488,6 +493,8 @@ def _solve_puzzle(
     model_task: str | None,
     list_valid: bool,
     seed: int,
+    steps: int | None,
+    state_noise: float,
 ) -> tuple[dict, str, bool]:
     model, run_task, _, folder = load_run(run, model_task)
     torch.manual_seed(seed)  # after building the model, whose (discarded) initial weights draw too
@@ -496,6 +503,8 @@ def _solve_puzzle(
             raise UsageError("--all needs a task with a verifier; ARC answers are judged by the label")
         if run_task.name != task.name:
             raise UsageError(f"the model solves {run_task.name} puzzles, not {task.name}")
+        if steps is not None or state_noise:
+            raise UsageError("--steps and --state-noise take puzzles with a verifier, not ARC tasks")
         puzzles = run_dataset(run, folder).metadata.get("puzzles", {})
         return solve_arc_puzzle(model, task, puzzle, puzzles, samples, select)
     tokens = np.asarray(task.encode(puzzle), dtype=np.int64)
@@ -507,9 +516,11 @@ def _solve_puzzle(
     result = solve(
         model,
         torch.from_numpy(tokens)[None],
+        steps=steps,
         samples=samples,
         select=select,
         key=lambda t: task.answer_key(task.decode_answer(t.cpu().numpy())),
+        state_noise=state_noise,
     )
     answer = task.decode_answer(result.chosen[0].numpy())
     violations = int(task.violations(puzzle, answer))
