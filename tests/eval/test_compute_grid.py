@@ -92,6 +92,11 @@ def test_grid_options_are_checked():
 
 
 def test_the_compute_table_lists_every_cell():
+    def cell(curve, steps, samples, select, accuracy, ms):
+        flops = steps * samples * 1.5e9
+        return {"curve": curve, "steps": steps, "samples": samples, "select": select, "accuracy": accuracy,
+                "flops": flops, "ms_per_puzzle": ms}  # fmt: skip
+
     report = {
         "compute": {
             "settings": {"timing_puzzles": 4},
@@ -99,21 +104,33 @@ def test_the_compute_table_lists_every_cell():
             "value_head_flops": 256,
             "state_noise": 0.3,
             "cells": [
-                {"curve": "depth", "steps": 16, "samples": 1, "select": "first", "accuracy": 0.5, "flops": 2.4e10,
-                 "ms_per_puzzle": 120.04},
-                {"curve": "width", "steps": 4, "samples": 20, "select": "q", "accuracy": 0.975, "flops": 1.2e11,
-                 "ms_per_puzzle": None},
+                cell("depth", 1, 1, "first", 0.125, 6.04),
+                cell("depth", 16, 1, "first", 0.5, 120.04),
+                cell("width", 4, 1, "vote", 0.25, 20.0),
+                cell("width", 4, 1, "q", 0.25, 20.0),
+                cell("width", 4, 20, "vote", 0.9, None),
+                cell("width", 4, 20, "q", 0.975, None),
             ],
         }
-    }  # fmt: skip
+    }
     assert compute_table({"trm": report})[2:] == [
         "- trm: one supervision step of one puzzle 1.5e+09 FLOPs, the value head 256, state noise σ = 0.3; times "
         "over 4 puzzles solved one at a time",
         "",
-        "| model | curve | steps | samples | select | accuracy | FLOPs / puzzle | ms / puzzle |",
-        "|---|---|---|---|---|---|---|---|",
-        "| trm | depth | 16 | 1 | first | 50.0% | 2.4e+10 | 120.0 |",
-        "| trm | width | 4 | 20 | q | 97.5% | 1.2e+11 | - |",
+        "One trajectory, by supervision steps:",
+        "",
+        "| model | 1 | 16 |",
+        "|---|---|---|",
+        "| trm | 12.5% | 50.0% |",
+        "| trm, ms / puzzle | 6.0 | 120.0 |",
+        "",
+        "Samples at a fixed depth, by the number of samples:",
+        "",
+        "| model | steps | select | 1 | 20 |",
+        "|---|---|---|---|---|",
+        "| trm | 4 | vote | 25.0% | 90.0% |",
+        "| trm | 4 | q | 25.0% | 97.5% |",
+        "| trm | 4 | ms / puzzle | 20.0 | - |",
     ]
 
 
@@ -127,7 +144,7 @@ def test_eval_measures_the_grid_and_draws_it(gram_run, capsys):
     cells = report["compute"]["cells"]
     assert len(cells) == 2 + 2 * 3 and report["flops_per_puzzle"] == 2 * 2 * report["inference_flops"]["step"]
     assert (gram_run / "eval_compute.png").is_file()
-    assert "| gram | width | 2 | 2 | value |" in (gram_run / "eval.md").read_text()
+    assert "| gram | 2 | value |" in (gram_run / "eval.md").read_text()
     assert main(["eval", str(gram_run), "--steps-grid", "1,x"]) == 2
     assert "--steps-grid" in capsys.readouterr().err
 
@@ -159,7 +176,8 @@ def test_an_experiment_reports_the_grid_of_every_model(tmp_path):
     assert results["models"]["trm"]["eval"]["compute"]["state_noise"] == 0.3
     assert results["models"]["gram"]["eval"]["compute"]["state_noise"] == 0.0
     report = (out / "report.md").read_text()
-    assert "| trm | width | 2 | 2 | q |" in report and "| gram | depth | 1 | 1 | first |" in report
+    assert "| trm | 2 | q |" in report and "| gram | 2 | value |" in report
+    assert "| model | 1 | 2 |" in report and "| trm, ms / puzzle |" in report and "| gram, ms / puzzle |" in report
     assert (out / "compute.png").stat().st_size > 0
     logged = []
     again = run_experiment(load_experiment(path), out, progress=False, log=logged.append)

@@ -586,8 +586,11 @@ def markdown_table(report: dict[str, Any]) -> str:
 
 
 def compute_table(reports: dict[str, dict[str, Any]]) -> list[str]:
-    """Markdown lines: every measured compute cell of each named report, with its accuracy, inference FLOPs per
-    puzzle and milliseconds per puzzle, after a sentence saying what a step costs."""
+    """Markdown lines: the compute cells of each named report as two tables, after a line per report saying
+    what one supervision step costs (a cell's inference FLOPs per puzzle are steps x samples x that, plus the
+    value head's for each sample it scores). The depth table has one trajectory's accuracy at each depth; the
+    width table, for each depth, the accuracy of each selection against the number of samples. Each table's
+    ``ms / puzzle`` row times the cells above it (puzzles solved one at a time)."""
     lines = ["Test-time compute: accuracy against inference FLOPs and time per puzzle", ""]
     for name, report in reports.items():
         compute = report["compute"]
@@ -597,18 +600,40 @@ def compute_table(reports: dict[str, dict[str, Any]]) -> list[str]:
             f"{compute['value_head_flops']:.3g}{noise}; times over {compute['settings']['timing_puzzles']} "
             "puzzles solved one at a time"
         )
-    lines += [
-        "",
-        "| model | curve | steps | samples | select | accuracy | FLOPs / puzzle | ms / puzzle |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for name, report in reports.items():
-        for cell in report["compute"]["cells"]:
-            ms = "-" if cell.get("ms_per_puzzle") is None else f"{cell['ms_per_puzzle']:.1f}"
-            lines.append(
-                f"| {name} | {cell['curve']} | {cell['steps']} | {cell['samples']} | {cell['select']} | "
-                f"{100 * cell['accuracy']:.1f}% | {cell['flops']:.3g} | {ms} |"
-            )
+
+    def percent(cell: dict[str, Any] | None) -> str:
+        return "-" if cell is None else f"{100 * cell['accuracy']:.1f}%"
+
+    def ms(cell: dict[str, Any] | None) -> str:
+        return "-" if cell is None or cell.get("ms_per_puzzle") is None else f"{cell['ms_per_puzzle']:.1f}"
+
+    cells = {name: report["compute"]["cells"] for name, report in reports.items()}
+    depths = sorted({c["steps"] for found in cells.values() for c in found if c["curve"] == "depth"})
+    if depths:
+        lines += ["", "One trajectory, by supervision steps:", ""]
+        lines += [f"| model | {' | '.join(map(str, depths))} |", "|---|" + "---|" * len(depths)]
+        for name, found in cells.items():
+            at = {c["steps"]: c for c in found if c["curve"] == "depth"}
+            if at:
+                lines.append(f"| {name} | {' | '.join(percent(at.get(d)) for d in depths)} |")
+                lines.append(f"| {name}, ms / puzzle | {' | '.join(ms(at.get(d)) for d in depths)} |")
+    widths = sorted({c["samples"] for found in cells.values() for c in found if c["curve"] == "width"})
+    if widths:
+        lines += ["", "Samples at a fixed depth, by the number of samples:", ""]
+        lines += [
+            f"| model | steps | select | {' | '.join(map(str, widths))} |",
+            "|---|---|---|" + "---|" * len(widths),
+        ]
+        for name, found in cells.items():
+            width = [c for c in found if c["curve"] == "width"]
+            for steps in sorted({c["steps"] for c in width}):
+                at = {(c["select"], c["samples"]): c for c in width if c["steps"] == steps}
+                selects = list(dict.fromkeys(c["select"] for c in width if c["steps"] == steps))
+                for select in selects:
+                    row = " | ".join(percent(at.get((select, k))) for k in widths)
+                    lines.append(f"| {name} | {steps} | {select} | {row} |")
+                timed = " | ".join(ms(at.get((selects[0], k))) for k in widths)
+                lines.append(f"| {name} | {steps} | ms / puzzle | {timed} |")
     return lines
 
 
