@@ -177,7 +177,11 @@ def test_an_experiment_reports_the_grid_of_every_model(tmp_path):
     assert results["models"]["gram"]["eval"]["compute"]["state_noise"] == 0.0
     report = (out / "report.md").read_text()
     assert "| trm | 2 | q |" in report and "| gram | 2 | value |" in report
-    assert "| model | 1 | 2 |" in report and "| trm, ms / puzzle |" in report and "| gram, ms / puzzle |" in report
+    assert (
+        "| model | 1 | 2 |" in report
+        and "| trm, ms / puzzle |" in report
+        and "| gram, ms / puzzle |" in report
+    )
     assert (out / "compute.png").stat().st_size > 0
     logged = []
     again = run_experiment(load_experiment(path), out, progress=False, log=logged.append)
