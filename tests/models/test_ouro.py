@@ -169,6 +169,32 @@ def test_gate_exits_where_the_official_rule_says_and_skips_the_rest(threshold, m
     assert len(calls) == prefill + int(again.steps[0, 1:].sum())  # skipped steps are never computed
 
 
+def greedy_as_the_reference(model: OuroLM, ids: torch.Tensor, tokens: int, steps: int, threshold: float):
+    """The reference's inference, whole sequence each time: every step computed, each position read from its
+    exit step (``exit_threshold``, which matches the official code on the parity fixture)."""
+    for _ in range(tokens):
+        logits = model(ids, num_steps=steps, exit_threshold=threshold).logits[:, -1]
+        ids = torch.cat([ids, logits.argmax(-1, keepdim=True)], dim=1)
+    return ids
+
+
+@pytest.mark.parametrize("threshold", [0.3, 0.6, 0.9])
+def test_gate_full_gives_the_reference_tokens_and_gate_saves_steps(threshold):
+    """gate-full computes every step (the cache the reference has) and reads each token at its exit: the
+    reference's tokens. gate stops at the exit: fewer steps, and later tokens attend to a cache without the
+    skipped steps."""
+    model = tiny()
+    ids = torch.randint(0, 64, (2, 4))
+    reference = greedy_as_the_reference(model, ids, 8, 6, threshold)
+    full = generate(model, ids, max_new_tokens=8, num_steps=6, exit=f"gate-full:{threshold}")
+    assert torch.equal(full.sequences, reference)
+    assert bool((full.steps == 6).all())  # nothing saved
+    skipping = generate(model, ids, max_new_tokens=8, num_steps=6, exit=f"gate:{threshold}")
+    assert skipping.mean_steps < 6
+    without_gate = generate(model, ids, max_new_tokens=8, num_steps=6).sequences
+    assert not torch.equal(reference, without_gate)  # the exit changes the answer, so the check can fail
+
+
 def test_gate_takes_the_config_threshold_and_lower_thresholds_exit_earlier():
     model = tiny(early_exit_threshold=0.5)
     ids = torch.randint(0, 64, (2, 4))

@@ -2,7 +2,8 @@
 
 The fixture (``tests/fixtures/ouro_tiny``) was written once by ``benchmarks/compare_ouro_reference.py --fixture``:
 the model in the official layout and, at every depth 1..8 on a left-padded batch, the official logits, per-step
-hidden states, exit-gate probabilities, logits at two exit thresholds and greedy generations with the cache.
+hidden states, exit-gate probabilities, logits at two exit thresholds and greedy generations with the cache,
+without the exit gate and with it at both thresholds.
 """
 
 from __future__ import annotations
@@ -79,6 +80,26 @@ def test_cached_batched_generation_matches_official(
     assert torch.equal(ours.sequences, official)
 
 
+@pytest.mark.parametrize("steps", range(1, 9))
+@pytest.mark.parametrize("threshold", [0.5, 0.9])
+def test_gate_full_generation_matches_official_exit(
+    model: OuroLM, expected: dict[str, torch.Tensor], steps: int, threshold: float
+) -> None:
+    """The official generate with ``early_exit_threshold`` computes every step and reads each token at its
+    exit: ``gate-full`` gives its tokens, batched and left-padded."""
+    ids, mask = expected["input_ids"], expected["attention_mask"]
+    official = expected[f"generated_gate_{threshold}_{steps}"]
+    ours = generate(
+        model,
+        ids,
+        attention_mask=mask,
+        max_new_tokens=official.shape[1] - ids.shape[1],
+        num_steps=steps,
+        exit=f"gate-full:{threshold}",
+    )
+    assert torch.equal(ours.sequences, official)
+
+
 def test_fixture_is_informative(expected: dict[str, torch.Tensor]) -> None:
     """Depth changes the official answer and the gate's probabilities are spread, so the checks above can fail."""
     assert not torch.allclose(expected["logits_1"], expected["logits_8"], atol=1e-2)
@@ -86,3 +107,7 @@ def test_fixture_is_informative(expected: dict[str, torch.Tensor]) -> None:
     assert float(lambdas.min()) < 0.3 and float(lambdas.max()) > 0.7
     generated = torch.stack([expected[f"generated_{s}"][:, 8:] for s in range(1, 9)])
     assert len({tuple(g.flatten().tolist()) for g in generated}) > 1
+    gated = [expected[f"generated_gate_0.5_{s}"] for s in range(2, 9)]  # the exit moves the official tokens
+    assert any(
+        not torch.equal(g, expected[f"generated_{s}"]) for s, g in zip(range(2, 9), gated, strict=True)
+    )

@@ -12,12 +12,14 @@ with a strict ``load_state_dict``. It reports, as one JSON object:
 * ``parity``: at every depth 1..8 (the official ``total_ut_steps``), on a left-padded batch, max |Δ| of the
   logits, of every step's hidden state, of every step's exit-gate probability λ and of the logits read at the
   official ``exit_threshold``; then greedy generation with the cache, batched and left-padded, token for token
-  against the official ``generate``; target <= 1e-5;
+  against the official ``generate``, without the exit gate and with it (ours ``exit="gate-full:t"`` against
+  the official ``early_exit_threshold=t``); target <= 1e-5;
 * ``speed`` (with ``--speed``): greedy decode tokens/s at 4 and 8 steps on a model of hidden 512 and 8 layers,
   ours (eager, and compiled with ``--compile``) against the official ``generate`` with its cache, as medians of
   interleaved repeats, with the ratio and whether the tokens agree; and with the exit gate at a threshold, our
-  ``exit="gate:t"`` against the official ``early_exit_threshold=t``: tokens, and the mean core steps we compute
-  per token (the official code computes every step).
+  ``exit="gate:t"`` (the steps after the exit skipped) and ``exit="gate-full:t"`` (every step computed, as
+  the official code does) against the official ``early_exit_threshold=t``: tokens, the mean core steps we
+  compute per token, and the speed ratio.
 
 ``--fixture DIR`` also writes the tiny model (``DIR/model``, official layout) and what the official code computed
 on it (``DIR/expected.safetensors``), the numbers ``tests/models/test_ouro_parity.py`` checks without the official
@@ -222,12 +224,23 @@ def parity(modeling: types.ModuleType, args: Any) -> tuple[dict[str, Any], dict[
         mine = generate(ours, ids, attention_mask=mask, max_new_tokens=6, num_steps=steps).sequences
         row["generation_equal"] = bool(torch.equal(mine, theirs))
         expected[f"generated_{steps}"] = theirs
+        for t in THRESHOLDS:  # the official generate reading each token at its exit, against gate-full:t
+            with torch.no_grad():
+                theirs_t = official_model(modeling, folder, steps, threshold=t).generate(
+                    ids, attention_mask=mask, max_new_tokens=6, do_sample=False, use_cache=True
+                )
+            mine_t = generate(
+                ours, ids, attention_mask=mask, max_new_tokens=6, num_steps=steps, exit=f"gate-full:{t}"
+            ).sequences
+            row[f"gate_full_{t}_generation_equal"] = bool(torch.equal(mine_t, theirs_t))
+            expected[f"generated_gate_{t}_{steps}"] = theirs_t
         rows.append(row)
-    worst = {key: max(r[key] for r in rows) for key in rows[0] if key not in ("steps", "generation_equal")}
+    equal = [key for key in rows[0] if key.endswith("generation_equal")]
+    worst = {key: max(r[key] for r in rows) for key in rows[0] if key != "steps" and key not in equal}
     report = {
         "rows": rows,
         "worst": worst,
-        "generation_equal_all": all(r["generation_equal"] for r in rows),
+        "generation_equal_all": all(r[key] for r in rows for key in equal),
         "within_tolerance": all(v <= args.tolerance for v in worst.values()),
         "tolerance": args.tolerance,
     }
@@ -308,25 +321,29 @@ def speed(modeling: types.ModuleType, args: Any) -> dict[str, Any]:
     steps = 4
     for t in [float(s) for s in args.gate_thresholds.split(",")]:
         ref = official_model(modeling, folder, steps, threshold=t)
-        mine = generate(ours, prompt, max_new_tokens=n, num_steps=steps, exit=f"gate:{t}")
-        runners = {"latentloop_gate": ours_fn(steps, exit=f"gate:{t}"), "official_generate": theirs_fn(ref)}
-        theirs = runners["official_generate"]()
+        runners = {
+            "latentloop_gate": ours_fn(steps, exit=f"gate:{t}"),
+            "latentloop_gate_full": ours_fn(steps, exit=f"gate-full:{t}"),
+            "official_generate": theirs_fn(ref),
+        }
+        outputs = {name: fn() for name, fn in runners.items()}
+        theirs = outputs["official_generate"]
         times = {name: [] for name in runners}
         for _ in range(args.repeats):
             for name, fn in runners.items():
                 times[name].append(timed(fn)[0])
         medians = {name: statistics.median(v) for name, v in times.items()}
-        result["gate"][str(t)] = {
-            "steps": steps,
-            "same_tokens_as_official": bool(torch.equal(mine.sequences, theirs)),
-            "token_agreement": round(
-                float((mine.sequences[:, args.prompt_len :] == theirs[:, args.prompt_len :]).float().mean()),
-                4,
-            ),
-            "mean_core_steps_ours": round(mine.mean_steps, 3),
-            "core_steps_official": steps,
-            "speedup_vs_official": round(medians["official_generate"] / medians["latentloop_gate"], 3),
-        }
+        row = {"steps": steps, "core_steps_official": steps}
+        for name in ("latentloop_gate", "latentloop_gate_full"):
+            mine = outputs[name]
+            agreement = (mine.sequences[:, args.prompt_len :] == theirs[:, args.prompt_len :]).float().mean()
+            row[name] = {
+                "same_tokens_as_official": bool(torch.equal(mine.sequences, theirs)),
+                "token_agreement": round(float(agreement), 4),
+                "mean_core_steps": round(mine.mean_steps, 3),
+                "speedup_vs_official": round(medians["official_generate"] / medians[name], 3),
+            }
+        result["gate"][str(t)] = row
     return result
 
 

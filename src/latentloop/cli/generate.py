@@ -26,7 +26,8 @@ def generate(
     exit_criterion: str = typer.Option(
         None,
         "--exit",
-        help="Per-token early exit, e.g. kl:5e-4, entropy-diff:1e-3, latent-diff:0.03, cosine.",
+        help="Per-token early exit, e.g. kl:5e-4, entropy-diff:1e-3, latent-diff:0.03, cosine; Ouro: gate:0.9 "
+        "(skips the steps after the exit) or gate-full:0.9 (computes them, as the official code).",
     ),
     kv_share: int = typer.Option(
         None, "--kv-share", help="Core KV-cache slots (iteration i uses slot i mod k)."

@@ -253,6 +253,18 @@ class SequentialDecoding(DecodingStrategy):
                 state = pieces.core(state, embeds, ctx, i)
                 if keep:
                     trajectory.append(state[:, -1])
+        elif criterion.computes_every_step:
+            criterion.reset()
+            active = torch.ones(batch, dtype=torch.bool, device=seq.device)
+            chosen = state
+            for i in range(depth):
+                state = pieces.core(state, embeds, ctx, i)
+                if keep:
+                    trajectory.append(state[:, -1])
+                exited = active if i == depth - 1 else criterion.check(state, None) & active
+                chosen = torch.where(exited[:, None, None], state, chosen)
+                active &= ~exited
+            state = chosen
         else:
             criterion.reset()
             cache.ensure_slots(model.config.n_layers_in_recurrent_block, depth)

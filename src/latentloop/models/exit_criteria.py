@@ -74,6 +74,10 @@ class ExitCriterion:
     # new token is read from the step this criterion picks); a criterion that mirrors a model's own inference
     # rule, as the exit gate does, sets it.
     at_prefill: ClassVar[bool] = False
+    # Whether every iteration is still computed after a row exits, the exit choosing only the iteration its
+    # output is read from (the reference's inference with an exit gate): later tokens then attend to the same
+    # cache as in the reference, at no saving in compute.
+    computes_every_step: ClassVar[bool] = False
 
     def __new__(cls, name: str, threshold: float | None = None) -> ExitCriterion:
         # Building the base class by name gives the registered subclass, so callers only need the spec.
@@ -244,3 +248,13 @@ class ExitGate(ExitCriterion):
         self.cumulative = self.cumulative + lam * self.remaining
         self.remaining = self.remaining * (1 - lam)
         return self.cumulative >= self.threshold
+
+
+@register_exit_criterion("gate-full")
+class ExitGateFull(ExitGate):
+    """The exit gate as the reference runs it: every step is computed for every token, and each token is read
+    from the step where its cumulative exit probability reaches the threshold. The same tokens as the reference
+    at no saving; ``gate`` skips the steps after the exit instead, so later tokens attend to a cache without
+    them and may differ."""
+
+    computes_every_step = True
