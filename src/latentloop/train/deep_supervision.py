@@ -120,7 +120,7 @@ class DeepSupervision(Objective):
     def prepare(self, optimizer: torch.optim.Optimizer, checkpoint: Path | None) -> torch.optim.Optimizer:
         self.model.train()
         if self.tc.compile:
-            compile_for_training(self.model, self.device)
+            compile_for_training(self.model, self.device, self.tc.compile_threads)
         # Ranks start equal and stay equal: the same averaged gradients give the same updates.
         dist.broadcast_module(self.model, self.ctx)
         dist.broadcast_module(self.ema, self.ctx)

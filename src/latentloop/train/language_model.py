@@ -65,7 +65,7 @@ class LanguageModelObjective(Objective):
             model = model.to(self.device)
         model.train()
         if self.tc.compile:
-            compile_for_training(model, self.device)
+            compile_for_training(model, self.device, self.tc.compile_threads)
         self.model = self.forward = model
         return model
 

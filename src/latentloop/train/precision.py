@@ -81,18 +81,25 @@ def resolve_device(requested: str) -> str:
     return requested
 
 
-def compile_for_training(model: torch.nn.Module, device: str) -> None:
+def compile_for_training(model: torch.nn.Module, device: str, kernel_threads: int = 0) -> None:
     """``train.compile``: compile the model's blocks in place (:func:`latentloop.nn.compile_blocks`). On a
     CPU the compiler builds C++ kernels, so a missing C++ compiler is reported here, before training starts,
-    rather than as a traceback at the first step."""
+    rather than as a traceback at the first step.
+
+    ``kernel_threads`` (``train.compile_threads``): the threads of each C++ kernel, 0 for every thread torch
+    uses. On several, a kernel splits a reduction across them (the sum over a batch's rows that a bias
+    gradient is), so its rounding, and from there a whole run, depends on the thread count. On one, a compiled
+    run rounds the same at any ``torch.get_num_threads()``, as a one-thread run does; the matrix products
+    still use every thread."""
     if not device.startswith("cuda"):
         try:
-            from torch._inductor.cpp_builder import get_cpp_compiler  # loads the compiler stack: only here
+            from torch._inductor import config, cpp_builder  # loads the compiler stack: only here
 
-            get_cpp_compiler()
+            cpp_builder.get_cpp_compiler()
         except Exception as error:
             raise UsageError(
                 "train.compile on a CPU needs a C++ compiler (g++ or clang++, or one named by $CXX); none was "
                 "found: install one or drop train.compile"
             ) from error
+        config.cpp.threads = kernel_threads or -1  # the compiler's setting is process-wide: set it each time
     compile_blocks(model)

@@ -55,6 +55,9 @@ class TrainConfig:
     precision: str = "auto"
     # Compile every transformer block with torch.compile (fuses the elementwise work; costs a compile first).
     compile: bool = False
+    # Threads of each compiled C++ kernel on a CPU; 0: every thread torch uses. 1: a compiled run rounds the
+    # same at any thread count (see latentloop.train.precision.compile_for_training).
+    compile_threads: int = 0
     device: str = "auto"
     init_scale: float = 1.0
     # Labels within reach (the recurrent-depth LM, a task that counts_label_work): a label whose work exceeds
@@ -72,6 +75,14 @@ class TrainConfig:
     parallel: str = "ddp"
 
     def __post_init__(self) -> None:
+        if (
+            isinstance(self.compile_threads, bool)
+            or not isinstance(self.compile_threads, int)
+            or (self.compile_threads < 0)
+        ):
+            raise UsageError(
+                f"train.compile_threads must be a whole number of at least 0, got {self.compile_threads!r}"
+            )
         if self.parallel not in PARALLEL:
             raise UsageError(f"train.parallel must be one of {', '.join(PARALLEL)}, got {self.parallel!r}")
         if self.precision not in PRECISIONS:
