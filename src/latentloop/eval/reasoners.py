@@ -638,37 +638,55 @@ def compute_table(reports: dict[str, dict[str, Any]]) -> list[str]:
 
 
 def plot_compute(reports: dict[str, dict[str, Any]], path: Path, title: str = "") -> None:
-    """Accuracy against inference FLOPs per puzzle (log scale), as GRAM's Figure 4 (left): each named report's
-    depth curve (one trajectory, more steps) and its width curves (more samples at a fixed depth), one line
-    style per selection."""
+    """Accuracy against inference FLOPs per puzzle (log scale), as GRAM's Figure 4 (left), one panel per named
+    report on shared axes: its depth curve (one trajectory, more steps, in black) and its width curves (more
+    samples at a fixed depth), one colour per depth and one line style per selection."""
     plt = pyplot()
 
     styles = {"vote": "s-", "value": "^--", "q": "v:"}
-    fig, ax = plt.subplots(figsize=(7.5, 4.8))
-    for name, report in reports.items():
+    depths = sorted(
+        {c["steps"] for r in reports.values() for c in r["compute"]["cells"] if c["curve"] == "width"}
+    )
+    colors = {d: f"C{i}" for i, d in enumerate(depths)}
+    columns = min(2, len(reports))
+    rows = -(-len(reports) // columns)
+    fig, axes = plt.subplots(
+        rows, columns, figsize=(4.6 * columns + 2.2, 3.6 * rows), sharex=True, sharey=True, squeeze=False
+    )
+    for ax, (name, report) in zip(axes.flat, reports.items(), strict=False):
         cells = report["compute"]["cells"]
         depth = [c for c in cells if c["curve"] == "depth"]
         if depth:
             ax.plot(
-                [c["flops"] for c in depth], [c["accuracy"] for c in depth], "o-", lw=2, markersize=4,
-                label=f"{name}: depth (1 sample)",
+                [c["flops"] for c in depth], [c["accuracy"] for c in depth], "o-", color="black", lw=2,
+                markersize=4, label="depth (1 sample)",
             )  # fmt: skip
         widths = [c for c in cells if c["curve"] == "width"]
         for d in sorted({c["steps"] for c in widths}):
-            color = None
             for mode, style in styles.items():
                 line = [c for c in widths if c["steps"] == d and c["select"] == mode]
-                if not line:
-                    continue
-                (drawn,) = ax.plot(
-                    [c["flops"] for c in line], [c["accuracy"] for c in line], style, color=color, markersize=3,
-                    label=f"{name}: width at {d} steps, {mode}",
-                )  # fmt: skip
-                color = drawn.get_color()
-    ax.set_xscale("log")
-    ax.set(xlabel="inference FLOPs per puzzle", ylabel="accuracy", ylim=(-0.02, 1.02), title=title or None)
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+                if line:
+                    ax.plot(
+                        [c["flops"] for c in line], [c["accuracy"] for c in line], style, color=colors[d],
+                        markersize=3, label=f"width at {d} steps, {mode}",
+                    )  # fmt: skip
+        ax.set_xscale("log")
+        noise = report["compute"]["state_noise"]
+        ax.set(title=f"{name}, state noise σ = {noise:g}" if noise else name, ylim=(-0.02, 1.02))
+        ax.grid(alpha=0.3, which="both")
+    for ax in axes.flat[len(reports) :]:
+        ax.set_visible(False)
+    for ax in axes[-1]:
+        ax.set_xlabel("inference FLOPs per puzzle")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("accuracy")
+    handles: dict[str, Any] = {}
+    for ax in axes.flat:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            handles.setdefault(label, handle)
+    fig.legend(handles.values(), handles.keys(), fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    if title:
+        fig.suptitle(title)
     fig.tight_layout()
     save_png(fig, path, bbox_inches="tight")
 
