@@ -116,6 +116,11 @@ def test_the_committed_statuses():
     assert found["unconditional-sudoku"] == NOT  # no valid board
     assert found["arc-agi-1"] == NOT
     assert found["nq10"] == NOT_TRIED
+    assert found["sudoku9-depth"] == REPRODUCED  # TRM 1.6 -> 94.2 and 0.2 -> 76.6
+    assert (
+        found["sudoku-width-vs-depth"] == NOT
+    )  # GRAM 5.2 points below TRM's best on seed 0, 11.4 above on 1
+    assert found["ptrm"] == REPRODUCED  # noisy TRM 98.6 and 96.4 against 94.2 and 71.8
 
 
 # Status rules on hand-built results -------------------------------------------------------------------------------
