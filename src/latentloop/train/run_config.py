@@ -55,8 +55,8 @@ class TrainConfig:
     precision: str = "auto"
     # Compile every transformer block with torch.compile (fuses the elementwise work; costs a compile first).
     compile: bool = False
-    # Threads of each compiled C++ kernel on a CPU; 0: every thread torch uses. 1: a compiled run rounds the
-    # same at any thread count (see latentloop.train.precision.compile_for_training).
+    # Threads of each compiled C++ kernel on a CPU; 0: every thread torch uses. 1: the compiled kernels round
+    # the same at any thread count; operations outside them may not (docs/training.md).
     compile_threads: int = 0
     device: str = "auto"
     init_scale: float = 1.0
