@@ -67,6 +67,23 @@ def pretrained_solve_settings(folder: Path) -> dict[str, Any]:
     return settings
 
 
+# solve's test-time setting where neither its options nor a shipped solve.yaml say otherwise
+SOLVE_DEFAULTS: dict[str, Any] = {"steps": None, "samples": 1, "select": "vote", "state_noise": 0.0}
+
+
+def solve_setting(folder: Path | None, **given: Any) -> dict[str, Any]:
+    """``latentloop solve``'s test-time setting (``steps``, ``samples``, ``select``, ``state_noise``): each
+    option ``given`` that is not None, else the shipped model's in ``folder`` (its ``solve.yaml``; ``None``:
+    not a shipped model), else :data:`SOLVE_DEFAULTS`."""
+    shipped = pretrained_solve_settings(folder) if folder is not None else {}
+    setting = {
+        key: given[key] if given.get(key) is not None else shipped.get(key, default)
+        for key, default in SOLVE_DEFAULTS.items()
+    }
+    setting["state_noise"] = float(setting["state_noise"])
+    return setting
+
+
 def pretrained_model(
     task: str, fits: Callable[[Path], bool] | None = None, folder: Path = PRETRAINED_DIR
 ) -> Path:

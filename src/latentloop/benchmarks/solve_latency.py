@@ -11,7 +11,8 @@ On held-out puzzles of the shipped model's task (its test split), three times, e
 - ``call_ms``: :func:`latentloop.eval.reasoners.solve_puzzle` in this process at the shipped setting (the
   model loads from disk, as in the command);
 - ``settings``: the model loaded once, one puzzle at a time, at each (steps, samples) setting: milliseconds
-  per puzzle and the share of the puzzles solved.
+  per puzzle and the share of the puzzles solved, with the shipped selection and state noise (one sample runs
+  without noise: the plain trajectory).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from latentloop.infer.scaling import solve
 from latentloop.io import emit_json_report
 from latentloop.models.reasoners import load_reasoner
 from latentloop.paths import PRETRAINED_DIR
-from latentloop.pretrained import pretrained_solve_settings, pretrained_task_spec
+from latentloop.pretrained import pretrained_solve_settings, pretrained_task_spec, solve_setting
 from latentloop.tasks.base import get_task, parse_task_spec
 
 
@@ -88,14 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     command_s = statistics.median(
         _median_seconds(lambda t=t: run_command(t), args.repeats) for t in texts[:2]
     )
-    settings_args = {
-        "steps": shipped.get("steps"),
-        "samples": shipped.get("samples", 1),
-        "select": shipped.get("select", "vote"),
-        "state_noise": float(shipped.get("state_noise", 0.0)),
-    }
+    setting = solve_setting(folder)
     call_ms = 1e3 * statistics.median(
-        _median_seconds(lambda p=p: solve_puzzle(str(folder), task, p, model_task=spec, **settings_args), 1)
+        _median_seconds(lambda p=p: solve_puzzle(str(folder), task, p, model_task=spec, **setting), 1)
         for p in puzzles
     )
     model = load_reasoner(folder).eval()
@@ -110,8 +106,8 @@ def main(argv: list[str] | None = None) -> int:
                 tokens,
                 steps=steps,
                 samples=samples,
-                select=settings_args["select"],
-                state_noise=settings_args["state_noise"] if samples > 1 else 0.0,
+                select=setting["select"],
+                state_noise=setting["state_noise"] if samples > 1 else 0.0,
             )
             times.append(time.perf_counter() - start)
             solved.append(task.verify(puzzle, task.decode_answer(result.chosen[0].numpy())))

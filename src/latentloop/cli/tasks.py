@@ -194,7 +194,6 @@ def solve(
     if not exact and model is None:
         from latentloop.pretrained import (
             pretrained_model,
-            pretrained_solve_settings,
             pretrained_task_spec,
             pretrained_variants,
         )
@@ -233,22 +232,21 @@ def solve(
         payload, text, solved = the_task.solve_exact(the_puzzle, all_, limit)
     else:
         from latentloop.eval.reasoners import solve_puzzle
+        from latentloop.pretrained import pretrained_task_spec, solve_setting
 
-        shipped = pretrained_solve_settings(pretrained) if pretrained else {}
-        samples = samples if samples is not None else shipped.get("samples", 1)
-        if samples < 1:
-            raise UsageError(f"--samples must be at least 1, got {samples}")
+        setting = solve_setting(
+            pretrained, steps=steps, samples=samples, select=select, state_noise=state_noise
+        )
+        if setting["samples"] < 1:
+            raise UsageError(f"--samples must be at least 1, got {setting['samples']}")
         payload, text, solved = solve_puzzle(
             model or "",
             the_task,
             the_puzzle,
-            samples=samples,
-            select=select if select is not None else shipped.get("select", "vote"),
             model_task=pretrained_task_spec(pretrained) if pretrained else model_task,
             list_valid=all_,
             seed=seed,
-            steps=steps if steps is not None else shipped.get("steps"),
-            state_noise=state_noise if state_noise is not None else float(shipped.get("state_noise", 0.0)),
+            **setting,
         )
     _emit(as_json, payload, text)
     if not solved:
