@@ -246,6 +246,14 @@ FAULTS: tuple[Fault, ...] = (
         ("tests/train/test_precision.py",),
         "train.compile_threads=1 leaves each compiled kernel on every thread, so a run rounds by its thread count",
     ),
+    Fault(
+        "products-round-by-thread-count",
+        "__init__.py",
+        'os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")',
+        "pass",
+        ("tests/train/test_precision.py",),
+        "MKL's strict reproducibility is not set, so a matrix product rounds by the thread count",
+    ),
 )
 
 

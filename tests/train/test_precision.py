@@ -1,6 +1,11 @@
-"""Compiled training on a CPU: the same float rounding at any thread count."""
+"""Training on a CPU: the same float rounding at any thread count, in the compiled kernels and in the matrix
+products."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -42,6 +47,36 @@ def test_one_thread_per_compiled_kernel_rounds_the_same_at_any_thread_count():
     assert torch.equal(one, two)
     one, two = sums_on_one_and_two_threads(kernel_threads=0)
     assert not torch.equal(one, two)
+
+
+# A weight gradient of a narrow head: a 7 x 64 output summed over 1152 rows, which MKL splits across threads
+PRODUCT_ON_ONE_AND_TWO_THREADS = """
+import sys
+if sys.argv[1] == "latentloop":
+    import latentloop
+import torch
+a, b = torch.randn(7, 1152, generator=torch.Generator().manual_seed(0)), torch.randn(1152, 64)
+products = []
+for threads in (1, 2):
+    torch.set_num_threads(threads)
+    products.append(a @ b)
+print(torch.equal(*products))
+"""
+
+
+def products_agree(import_first: str) -> bool:
+    environment = {key: value for key, value in os.environ.items() if key != "MKL_CBWR"}
+    command = [sys.executable, "-c", PRODUCT_ON_ONE_AND_TWO_THREADS, import_first]
+    result = subprocess.run(command, env=environment, capture_output=True, text=True, check=True)
+    return result.stdout.strip() == "True"
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one core: MKL does not split a product")
+def test_importing_latentloop_makes_matrix_products_round_alike_on_any_thread_count():
+    """latentloop sets MKL's strict reproducibility mode before torch's first product, so a product rounds
+    alike on one and on two threads; torch alone splits this product by thread and rounds differently."""
+    assert products_agree("latentloop")
+    assert not products_agree("torch")
 
 
 @pytest.mark.parametrize("bad", [-1, 1.5, True, "one"])

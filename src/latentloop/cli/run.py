@@ -61,7 +61,8 @@ def run_command(
         "--threads",
         min=1,
         help="Torch threads of each model (default: the experiment's threads_per_model). The schedules do not "
-        "change with it, but the float rounding does: another count gives numbers like another seed's.",
+        "change with it; the float rounding does only where a model's compiled kernels use every thread "
+        "(train.compile_threads=0): then another count gives numbers like another seed's.",
     ),
     schedule: str = typer.Option(
         None,

@@ -45,9 +45,10 @@ target, else the difference in final accuracy and coverage; ``curves.png`` draws
 minutes, examples and FLOPs.
 
 ``jobs: 2`` (or ``latentloop run --jobs 2``) trains and evaluates two models at once, each in its own process.
-``threads_per_model`` fixes the torch threads of each model (``latentloop run --threads N`` changes it): the
-thread count decides how reductions are split and so the float rounding, which a shipped experiment therefore
-fixes, so that its numbers are the same on a machine with any number of cores. Without it each model gets an
+``threads_per_model`` fixes the torch threads of each model (``latentloop run --threads N`` changes it): where
+a model's compiled kernels use every thread (``train.compile_threads`` 0) the thread count decides how their
+reductions are split and so the float rounding, which a shipped experiment therefore fixes, so that its numbers
+are the same on a machine with any number of cores. Without it each model gets an
 equal share of this process's threads. Each run's ``train.json`` records its ``torch_threads``. Progress bars
 are off when models train side by side, and each model logs its lines to standard error.
 

@@ -92,7 +92,7 @@ def report_heading(results: dict[str, Any], details: str, command: str | None) -
     ends that sentence), the command."""
     machine_ = results["machine"]
     jobs, threads = results.get("jobs", 1), results.get("threads_per_model")
-    # The threads per model decide the float rounding, so a rerun matches bit for bit only with as many.
+    # The threads per model may decide the float rounding (train.compile_threads), so the report names them.
     together = ""
     if threads and jobs > 1:
         together = f" ({jobs} models at a time, {threads} thread{'s' * (threads > 1)} each)"

@@ -97,9 +97,10 @@ class Experiment:
     overrides: list[str] = field(default_factory=list)  # given for this run (see load_experiment)
     targets: dict[str, float] = field(default_factory=dict)  # time-to-accuracy: metric -> percent
     jobs: int = 1  # models trained and evaluated at once, each in its own process
-    # Torch threads of each model. The thread count decides how reductions are split, and so the float rounding:
-    # a shipped experiment fixes it, so that its numbers are the same bit for bit on a machine with more or
-    # fewer cores (given the same CPU kind and torch build). None: an equal share of this machine's threads.
+    # Torch threads of each model. Where compiled kernels use every thread (train.compile_threads 0) the count
+    # decides how their reductions are split, and so the float rounding: a shipped experiment fixes it, so that
+    # its numbers are the same bit for bit on a machine with more or fewer cores (given the same CPU kind and
+    # torch build). None: an equal share of this machine's threads.
     threads_per_model: int | None = None
     # The share of every model's schedule trained (see latentloop.experiments.training.scale_schedules): 1 is
     # the experiment itself; less checks that its claims hold with a margin.

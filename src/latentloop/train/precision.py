@@ -90,7 +90,8 @@ def compile_for_training(model: torch.nn.Module, device: str, kernel_threads: in
     uses. On several, a kernel splits a reduction across them (the sum over a batch's rows that a bias
     gradient is), so its rounding, and from there a whole run, depends on the thread count. On one, the
     compiled kernels round the same at any ``torch.get_num_threads()``, as in a one-thread run, and the matrix
-    products still use every thread; operations outside the kernels may still round by the thread count."""
+    products still use every thread (rounding alike on any count in MKL's strict mode, which importing
+    latentloop sets)."""
     if not device.startswith("cuda"):
         try:
             from torch._inductor import config, cpp_builder  # loads the compiler stack: only here
