@@ -15,6 +15,7 @@ from latentloop.experiments.kinds import get_kind
 from latentloop.experiments.report import format_flops, report_markdown, schedule_sentence
 from latentloop.experiments.runner import run_experiment
 from latentloop.experiments.training import check_run_configs, pace_line, planned_steps
+from latentloop.paths import CONFIGS_DIR
 from latentloop.tasks import get_task
 from latentloop.train.run_config import build_reasoner_config, build_run_config
 from tests.tiny import TINY_LM, TINY_REASONER, tiny_run
@@ -292,6 +293,15 @@ def test_every_shipped_experiment_trains_a_fixed_schedule_whatever_the_machine()
         for spec in experiment.models:
             train = runs.config(spec).train
             assert train.budget_minutes is None and not train.fit_steps, (name, spec.name)
+
+
+def test_every_shipped_config_fixes_its_precision():
+    """``precision: auto`` times a matmul in fp32 and bf16 and keeps the faster, so a busy or a slower machine
+    could train another rounding; every shipped config names one instead."""
+    configs = sorted(CONFIGS_DIR.glob("*.yaml"))
+    assert configs
+    for path in configs:
+        assert load_yaml(path)["train"].get("precision") in ("fp32", "bf16"), path.name
 
 
 def test_a_worker_is_sent_sigterm_once_the_run_that_started_it_is_killed(tmp_path):
