@@ -723,7 +723,7 @@ def test_a_shortened_schedule_shortens_the_reference_machines_minutes_with_it():
 
     experiment = scale_schedules(load_experiment("default"), 0.5)
     assert planned_steps(experiment) == {"gram": 2500, "trm": 1375}
-    assert [spec.reference_minutes for spec in experiment.models] == [8.8, 7.8]
+    assert [spec.reference_minutes for spec in experiment.models] == [8.35, 7.3]
     assert experiment.expected_minutes is None and experiment.schedule_fraction == 0.5
 
 
