@@ -75,8 +75,9 @@ def products_agree(import_first: str) -> bool:
 def test_importing_latentloop_makes_matrix_products_round_alike_on_any_thread_count():
     """latentloop sets MKL's strict reproducibility mode before torch's first product, so a product rounds
     alike on one and on two threads; torch alone splits this product by thread and rounds differently."""
+    if products_agree("torch"):
+        pytest.skip("this machine's MKL does not split the product by thread: nothing to tell apart")
     assert products_agree("latentloop")
-    assert not products_agree("torch")
 
 
 @pytest.mark.parametrize("bad", [-1, 1.5, True, "one"])
