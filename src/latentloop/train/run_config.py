@@ -56,7 +56,8 @@ class TrainConfig:
     # Compile every transformer block with torch.compile (fuses the elementwise work; costs a compile first).
     compile: bool = False
     # Threads of each compiled C++ kernel on a CPU; 0: every thread torch uses. 1: the compiled kernels round
-    # the same at any thread count; operations outside them may not (docs/training.md).
+    # the same at any thread count, as the matrix products outside them do in MKL's strict mode, which importing
+    # latentloop sets (docs/training.md).
     compile_threads: int = 0
     device: str = "auto"
     init_scale: float = 1.0
