@@ -1,6 +1,8 @@
 """GRAM's ablation variants (``model.guidance``): the full model draws training noise from the posterior and
 pays a KL; "without stochastic guidance" (prior) has no posterior and trains on the prior's noise; "stochasticity
-only" (none) has no noise heads and draws N(0, 0.1²) whatever the state."""
+only" (none) has no noise heads and draws N(0, 0.1²) whatever the state. ``model.guided_transitions`` says
+which transitions of a training step draw from the posterior: all of them, or only the last, whose KL is paid;
+``model.target_reveal`` shows the posterior each target cell only from its own random supervision step on."""
 
 from __future__ import annotations
 
@@ -13,11 +15,21 @@ from latentloop.models.reasoners import ReasonerConfig, build_reasoner
 from latentloop.models.reasoners.gram import FIXED_STD, GRAMReasoner
 
 
-def tiny_gram(guidance: str, seed: int = 0) -> GRAMReasoner:
-    """A toy GRAM (6 cells, 5 tokens) whose noise heads (where it has them) depend on ``u``."""
+def tiny_gram(guidance: str, seed: int = 0, **options: object) -> GRAMReasoner:
+    """A toy GRAM (6 cells, 5 tokens, 2 transitions a step) whose noise heads (where it has them) depend on
+    ``u``."""
     torch.manual_seed(seed)
     config = ReasonerConfig(
-        vocab_size=5, seq_len=6, dim=8, n_heads=2, n_layers=1, hidden=16, cycles=2, inner=1, guidance=guidance
+        vocab_size=5,
+        seq_len=6,
+        dim=8,
+        n_heads=2,
+        n_layers=1,
+        hidden=16,
+        cycles=2,
+        inner=1,
+        guidance=guidance,
+        **options,
     )
     model = build_reasoner("gram", config)
     for head in (model.prior, model.posterior):
@@ -124,3 +136,67 @@ def test_stochasticity_only_ignores_the_target_in_training() -> None:
     _, inferred = step(model, batch, None, seed=3)
     assert torch.equal(trained.logits, inferred.logits)
     assert torch.equal(trained.kl, torch.zeros(3))
+
+
+def test_guided_transitions_last_keeps_the_target_out_of_the_unpaid_transitions() -> None:
+    batch, y = toy_batch()
+    other_y = y % 4 + 1
+    model = tiny_gram("posterior", guided_transitions="last")
+    carry, out = step(model, batch, y, seed=3)
+    other_carry, other_out = step(model, batch, other_y, seed=3)
+    unguided_carry, _ = step(model, batch, None, seed=3)
+    # l of the last transition reads h after the first: the prior's draw, the same as at inference.
+    assert torch.equal(carry["l"], other_carry["l"])
+    assert torch.equal(carry["l"], unguided_carry["l"])
+    # The last transition, whose KL the loss pays, still draws from the posterior.
+    assert not torch.equal(carry["h"], other_carry["h"])
+    assert (out.kl > 0).all() and not torch.equal(out.kl, other_out.kl)
+
+
+def test_guided_transitions_all_lets_the_target_into_every_transition() -> None:
+    batch, y = toy_batch()
+    model = tiny_gram("posterior")
+    carry, _ = step(model, batch, y, seed=3)
+    other_carry, _ = step(model, batch, y % 4 + 1, seed=3)
+    assert not torch.equal(carry["l"], other_carry["l"])
+
+
+def test_an_unknown_guided_transitions_is_refused() -> None:
+    with pytest.raises(UsageError, match=r"model\.guided_transitions must be one of all, last"):
+        ReasonerConfig(guided_transitions="first")
+
+
+def test_target_reveal_hides_each_cell_from_the_posterior_until_its_step() -> None:
+    batch, y = toy_batch()
+    model = tiny_gram("posterior", target_reveal=3)
+    torch.manual_seed(1)
+    carry = model.initial_carry(batch)
+    reveal_at = carry["reveal_at"]
+    assert reveal_at.shape == (3, 6) and set(reveal_at.unique().tolist()) <= {0, 1, 2}
+    hidden = (reveal_at > 0).nonzero()[0].tolist()
+    shown = (reveal_at == 0).nonzero()[0].tolist()
+
+    def changed(cell: list[int]) -> torch.Tensor:
+        other = y.clone()
+        other[cell[0], cell[1]] = other[cell[0], cell[1]] % 4 + 1
+        return other
+
+    def first_step(target: torch.Tensor):
+        torch.manual_seed(3)
+        return model(carry, batch, target=target)
+
+    after, out = first_step(y)
+    assert torch.equal(out.logits, first_step(changed(hidden))[1].logits)  # not yet revealed: not read
+    assert not torch.equal(out.logits, first_step(changed(shown))[1].logits)
+    assert torch.equal(after["reveal_at"], reveal_at) and after["step"].tolist() == [1, 1, 1]
+    # From step target_reveal - 1 on, every cell is revealed.
+    late = carry | {"step": torch.full((3,), 2)}
+    torch.manual_seed(3)
+    base = model(late, batch, target=y)[1].logits
+    torch.manual_seed(3)
+    assert not torch.equal(base, model(late, batch, target=changed(hidden))[1].logits)
+
+
+def test_without_target_reveal_the_carry_holds_the_state_alone() -> None:
+    batch, _ = toy_batch()
+    assert set(tiny_gram("posterior").initial_carry(batch)) == {"h", "l"}

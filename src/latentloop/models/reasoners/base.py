@@ -41,6 +41,7 @@ ROPE_LAYOUTS = ("pairs", "halves")
 POS_ENCODINGS = ("rope", "learned", "rope+learned", "none")
 INITS = ("default", "lecun")
 GUIDANCE = ("posterior", "prior", "none")
+GUIDED_TRANSITIONS = ("all", "last")
 Carry = dict[str, torch.Tensor]
 # arch -> class of every reasoner defined so far: a subclass with an ``arch`` registers itself (see Reasoner).
 REASONERS: dict[str, type[Reasoner]] = {}
@@ -80,6 +81,12 @@ class ReasonerConfig:
     # GRAM's noise: posterior (the paper's model), prior (no posterior and no KL: the paper's ablation "without
     # stochastic guidance") or none (fixed N(0, 0.1²) noise, no noise heads: "stochasticity only"); gram.py
     guidance: str = "posterior"
+    # GRAM's training transitions that draw from the posterior: all T of a step, or only the last, the one
+    # whose KL the loss charges (the first T - 1 then draw from the prior, as at inference); gram.py
+    guided_transitions: str = "all"
+    # > 0: GRAM's posterior sees each target cell from a random one of the first target_reveal supervision
+    # steps on (drawn once per sample), so the target enters the state a few cells a step; gram.py
+    target_reveal: int = 0
     rope_base: float = 10_000.0
     # > 0: the input is a grid of this width read row by row, and attention uses axial 2-D RoPE over its rows
     # and columns (nn.rope.AxialRotaryEmbedding) instead of 1-D RoPE over the flat sequence
@@ -146,6 +153,13 @@ class ReasonerConfig:
             raise UsageError("model.beta must be >= 0 and model.kl_balance in [0, 1]")
         if self.guidance not in GUIDANCE:
             raise UsageError(f"model.guidance must be one of {', '.join(GUIDANCE)}, got {self.guidance!r}")
+        if self.target_reveal < 0:
+            raise UsageError(f"model.target_reveal must be at least 0, got {self.target_reveal}")
+        if self.guided_transitions not in GUIDED_TRANSITIONS:
+            raise UsageError(
+                f"model.guided_transitions must be one of {', '.join(GUIDED_TRANSITIONS)}, "
+                f"got {self.guided_transitions!r}"
+            )
 
     @property
     def prefix_len(self) -> int:

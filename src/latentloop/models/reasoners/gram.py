@@ -21,6 +21,21 @@ of cross-entropy saved per nat). A KL averaged over positions instead makes the 
 posterior then writes the target into ``ε``, training accuracy (which decodes the posterior) reaches 100%
 while samples from the prior solve nothing, as measured on N-Queens 8x8.
 
+Which transitions of a training step draw from the posterior is ``config.guided_transitions``. The loss charges
+the KL of the last transition only, so with ``all`` (the default) the first ``T - 1`` bring the target into
+the state free of charge, and the prior is never taught to make those choices itself (unconditional 6x6
+Sudoku at T = 2 trains to a loss below the data's own entropy). ``last`` draws the first ``T - 1`` from the
+prior, as inference does, so every nat taken from the target is paid for in the KL. At ``T = 1``, the
+time-to-accuracy configs' setting, the two are the same.
+
+Unconditional generation needs one more thing. With the whole target in view, the posterior writes most of
+a board into the noise of the first step (measured on 6x6 Sudoku: 44 nats of KL there, against 17 nats in a
+whole board), and a prior that draws each cell independently cannot match it. ``config.target_reveal = N``
+lets the posterior see each target cell only from a random one of the first ``N`` supervision steps on,
+drawn once per sample, as a masked diffusion model unmasks its cells, so the target enters over the steps
+and the prior has each step's choices to learn given those made before (measured in docs/reasoners.md,
+"Unconditional samples"). This is latentloop's option, not the paper's.
+
 The paper's ablation (Section 4.4: full model; "without stochastic guidance"; "stochasticity only") is
 ``config.guidance``. The excerpt names the variants without defining them; the readings here:
 
@@ -111,7 +126,13 @@ class GRAMReasoner(Reasoner):
 
     def initial_carry(self, batch: dict[str, torch.Tensor]) -> Carry:
         x = batch["inputs"]
-        return {"h": self.broadcast_state("h_init", x), "l": self.broadcast_state("l_init", x)}
+        carry = {"h": self.broadcast_state("h_init", x), "l": self.broadcast_state("l_init", x)}
+        if self.config.target_reveal:  # the supervision step at which the posterior first sees each cell
+            reveal = torch.randint(
+                self.config.target_reveal, (x.shape[0], self.config.positions), device=x.device
+            )
+            carry |= {"reveal_at": reveal, "step": torch.zeros(x.shape[0], dtype=torch.long, device=x.device)}
+        return carry
 
     def transition(
         self,
@@ -159,9 +180,15 @@ class GRAMReasoner(Reasoner):
             e_y = self.target_embed(label_tokens(target).long())
         if e_y is not None and self.config.prefix_len:  # the puzzle-embedding positions have no target
             e_y = F.pad(e_y, (0, 0, self.config.prefix_len, 0))
+        revealed = {}
+        if "reveal_at" in carry:
+            if e_y is not None:
+                e_y = e_y * (carry["reveal_at"] <= carry["step"][:, None]).unsqueeze(-1).to(e_y.dtype)
+            revealed = {"reveal_at": carry["reveal_at"], "step": carry["step"] + 1}
         h, l = carry["h"], carry["l"]  # noqa: E741
+        e_y_early = e_y if self.config.guided_transitions == "all" else None
         with torch.no_grad():
             for _ in range(self.config.cycles - 1):
-                h, l, _ = self.transition(h, l, e_x, rope, e_y, temperature)  # noqa: E741
+                h, l, _ = self.transition(h, l, e_x, rope, e_y_early, temperature)  # noqa: E741
         h, l, kl = self.transition(h, l, e_x, rope, e_y, temperature)  # noqa: E741
-        return {"h": h.detach(), "l": l.detach()}, self.readout(h, kl)
+        return {"h": h.detach(), "l": l.detach(), **revealed}, self.readout(h, kl)
