@@ -92,3 +92,16 @@ def test_state_noise_makes_a_deterministic_models_samples_differ_and_q_picks_by_
     assert torch.equal(noisy.chosen, noisy.predictions[-1, last.argmax(0), torch.arange(3)])
     with pytest.raises(UsageError, match="state-noise"):
         solve(model, x, state_noise=-0.1)
+
+
+def test_state_noise_solves_a_model_whose_carry_holds_integer_bookkeeping():
+    """GRAM with target_reveal carries each cell's reveal step beside its latent states; noise on the states must
+    leave those integers alone rather than fail on them."""
+    config = ReasonerConfig(
+        vocab_size=V, seq_len=L, dim=16, n_heads=2, n_layers=1, hidden=32, n_sup=2, cycles=1, target_reveal=2
+    )
+    model = build_reasoner("gram", config).eval()
+    x = torch.randint(1, V, (3, L))
+    torch.manual_seed(0)
+    result = solve(model, x, steps=2, samples=2, state_noise=0.5)
+    assert result.predictions.shape[:3] == (2, 2, 3)

@@ -190,7 +190,10 @@ def solve(
     halted_at = torch.full((runs * batch_size,), steps, dtype=torch.long, device=x.device)
     for step in range(len(preds), steps):
         if state_noise:
-            carry = {name: state + state_noise * torch.randn_like(state) for name, state in carry.items()}
+            carry = {  # the latent states; bookkeeping a carry may hold (GRAM's reveal steps) stays exact
+                name: state + state_noise * torch.randn_like(state) if state.is_floating_point() else state
+                for name, state in carry.items()
+            }
         carry, out = model(carry, batch, **noise)
         tokens = out.logits.argmax(-1)
         value, halt_prob = out.value.float(), torch.sigmoid(out.halt_logit.float())
