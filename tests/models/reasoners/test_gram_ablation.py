@@ -19,17 +19,9 @@ def tiny_gram(guidance: str, seed: int = 0, **options: object) -> GRAMReasoner:
     """A toy GRAM (6 cells, 5 tokens, 2 transitions a step) whose noise heads (where it has them) depend on
     ``u``."""
     torch.manual_seed(seed)
+    options = {"guidance": guidance, **options}
     config = ReasonerConfig(
-        vocab_size=5,
-        seq_len=6,
-        dim=8,
-        n_heads=2,
-        n_layers=1,
-        hidden=16,
-        cycles=2,
-        inner=1,
-        guidance=guidance,
-        **options,
+        vocab_size=5, seq_len=6, dim=8, n_heads=2, n_layers=1, hidden=16, cycles=2, inner=1, **options
     )
     model = build_reasoner("gram", config)
     for head in (model.prior, model.posterior):
