@@ -114,6 +114,7 @@ def test_the_committed_statuses():
     assert found["nq8-gram-vs-generative"] == NOT  # MDLM's 100% vote is above GRAM's 98%
     assert found["gc8-gram-level"] == REPRODUCED  # coverage 88.3, 7 conflicts: within 5 of the paper's 2.7
     assert found["gram-ablation"] == REPRODUCED  # full 86.8, noise only 84.8, without guidance 64.4
+    assert found["gram-ablation-nqueens"] == REPRODUCED  # full 97.0, without guidance 69.6, noise only 68.3
     assert found["unconditional-sudoku"] == NOT  # no valid board
     assert found["arc-agi-1"] == NOT
     assert found["nq10"] == NOT_TRIED
