@@ -469,6 +469,37 @@ def test_overrides_change_every_model_and_the_evaluation(tmp_path):
         run_experiment(load_experiment(path), tmp_path / "out", progress=False, log=lambda _: None)
 
 
+def test_a_model_s_own_eval_overrides_change_its_evaluation_alone(tmp_path):
+    gram = {"config": "gram.yaml", "overrides": ["train.lr=1e-3", "eval.steps=3", "eval.samples=4"]}
+    path = str(write_experiment(tmp_path, models={"gram": gram, "trm": {"config": "trm.yaml"}}))
+    experiment = load_experiment(path, ["eval.samples=2"])
+    gram_spec, trm_spec = experiment.models
+    assert gram_spec.overrides == ["train.lr=1e-3"]  # the run config never sees eval.*
+    assert gram_spec.eval_overrides == ["steps=3", "samples=4"]
+    # The command line's eval.samples=2 wins over the model's own samples=4.
+    assert (experiment.eval_for(gram_spec).steps, experiment.eval_for(gram_spec).samples) == (3, 2)
+    assert (experiment.eval_for(trm_spec).steps, experiment.eval_for(trm_spec).samples) == (2, 2)
+    assert experiment.evaluation_sets(gram_spec, "steps") and not experiment.evaluation_sets(
+        trm_spec, "steps"
+    )
+    assert experiment.evaluation_sets(trm_spec, "samples")  # the command line's
+    results = run_experiment(experiment, tmp_path / "out", progress=False, log=lambda _: None)
+    assert len(results["models"]["gram"]["eval"]["curve_steps"]) == 3
+    assert len(results["models"]["trm"]["eval"]["curve_steps"]) == 2
+    assert results["models"]["gram"]["eval_overrides"] == ["steps=3", "samples=4"]
+    assert "eval_overrides" not in results["models"]["trm"]
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [(["eval.stepz=3"], "models.gram: eval override: unknown config key"), (["eval.steps=0"], "eval.steps")],
+)
+def test_a_model_s_own_eval_overrides_are_checked(tmp_path, overrides, message):
+    path = write_experiment(tmp_path, models={"gram": {"config": "gram.yaml", "overrides": overrides}})
+    with pytest.raises(UsageError, match=message):
+        load_experiment(str(path))
+
+
 def test_fit_value_fits_gram_s_value_head_before_evaluating_and_a_rerun_keeps_it(tmp_path):
     path = str(write_experiment(tmp_path))
     out = tmp_path / "out"
@@ -652,8 +683,11 @@ def test_generation_experiment_samples_and_scores_each_model(tmp_path):
         "kind": "generation",
         "description": "tiny digits",
         "budget_minutes": 5,
-        "models": {"gram": {"config": "gram.yaml"}, "boards": {"config": "sudoku.yaml"}},
-        "eval": {"samples": 6},
+        "models": {
+            "gram": {"config": "gram.yaml"},
+            "boards": {"config": "sudoku.yaml", "overrides": ["eval.steps=3", "eval.temperature=0.5"]},
+        },
+        "eval": {"samples": 6, "seed": 1},
     }
     (tmp_path / "digits.yaml").write_text(yaml.safe_dump(spec))
     results = run_experiment(
@@ -671,6 +705,10 @@ def test_generation_experiment_samples_and_scores_each_model(tmp_path):
     assert "`gram/samples.png`" in report and "`boards/samples.png`" not in report
     boards = results["models"]["boards"]["eval"]  # no picture and no scores: validity only
     assert boards["samples"] == 6 and "scores" not in boards and "image" not in boards
+    # Each model samples at its own depth and temperature unless its overrides set them; all at the seed.
+    assert (sampled["steps"], sampled["temperature"], sampled["seed"]) == (TINY_MODEL["n_sup"], 1.0, 1)
+    assert (boards["steps"], boards["temperature"], boards["seed"]) == (3, 0.5, 1)
+    assert f"| {TINY_MODEL['n_sup']} | 1 |" in report and "| 3 | 0.5 |" in report
     assert (tmp_path / "out" / "curves.png").stat().st_size > 0
 
 

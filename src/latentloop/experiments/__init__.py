@@ -24,6 +24,10 @@ test-time depths ``eval.depths`` (``eval: {depths: [1, 2, 4, 8, 16, 32], limit: 
 ``eval.samples`` unconditional samples from each (``latentloop sample``): validity, and for digits the
 classifier scores beside real held-out digits.
 
+A model's own ``eval.*`` overrides change its evaluation alone, before the command line's: a generator's
+sampling depth and temperature (``gram: {config: ..., overrides: [eval.steps=128, eval.temperature=0.5]}``),
+an MDLM's unmasking steps. They are recorded in its row of ``results.json`` (``eval_overrides``).
+
 One with ``kind: time-to-accuracy`` measures how fast reasoners reach a target accuracy and coverage, its
 models being the rows of an ablation, each adding one option (override) to the row before::
 

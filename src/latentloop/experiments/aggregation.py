@@ -58,6 +58,7 @@ def collect_results(
     """The experiment's ``results.json``: its settings, the machine, every model's row (``rows``), and what
     ``kind`` makes of the rows together. ``minutes``: each model's time cap; ``jobs`` models trained at once
     on ``threads`` torch threads each."""
+    own = {spec.name: spec.eval_overrides for spec in experiment.models}
     results = {
         "experiment": experiment.name,
         "kind": experiment.kind,
@@ -71,7 +72,10 @@ def collect_results(
         "schedule_fraction": experiment.schedule_fraction,
         "overrides": experiment.overrides,
         "eval": vars(experiment.eval),
-        "models": rows,
+        # A model evaluated with its own eval.* overrides names them in its row.
+        "models": {
+            name: {**row, "eval_overrides": own[name]} if own.get(name) else row for name, row in rows.items()
+        },
         "paper": experiment.paper,
         "paper_note": experiment.paper_note,
     }

@@ -37,6 +37,9 @@ class ModelSpec:
     # Its training minutes on the reference machine (REFERENCE_MACHINE), as the experiment runs it (side by
     # side with others where jobs > 1): what this machine's measured pace is compared with.
     reference_minutes: float | None = None
+    # ``key=value`` changes of the experiment's evaluation for this model alone (its own ``eval.*`` overrides,
+    # without the prefix): an MDLM's unmasking steps, a generator's sampling depth and temperature.
+    eval_overrides: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -105,6 +108,20 @@ class Experiment:
     # The share of every model's schedule trained (see latentloop.experiments.training.scale_schedules): 1 is
     # the experiment itself; less checks that its claims hold with a margin.
     schedule_fraction: float = 1.0
+
+    def eval_for(self, spec: ModelSpec) -> EvalSpec:
+        """How ``spec`` is evaluated: the experiment's evaluation with the model's own ``eval.*`` overrides,
+        then this run's (:attr:`overrides`), which win."""
+        if not spec.eval_overrides:
+            return self.eval
+        own = apply_overrides(self.eval, [*spec.eval_overrides, *_split_overrides(self.overrides)[1]])
+        own.width = _parse_width(own.width, own.tiers, self.path)
+        return own
+
+    def evaluation_sets(self, spec: ModelSpec, key: str) -> bool:
+        """Whether ``spec``'s own overrides or this run's set ``eval.key``."""
+        given = [*spec.eval_overrides, *_split_overrides(self.overrides)[1]]
+        return any(item.split("=", 1)[0].strip() == key for item in given)
 
 
 def available_experiments(folder: Path = EXPERIMENTS_DIR) -> list[str]:
@@ -208,12 +225,36 @@ def _whole_number(value: Any, name: str) -> int:
     return value
 
 
+def _check_evaluation(evaluation: EvalSpec, path: Path) -> None:
+    """One-line errors for an evaluation out of range; fills in ``eval.width``'s defaults."""
+    for key in ("samples", "steps"):
+        if int(getattr(evaluation, key)) < 1:
+            raise UsageError(f"{path}: eval.{key} must be at least 1")
+    if not float(evaluation.temperature) >= 0:
+        raise UsageError(f"{path}: eval.temperature must be at least 0")
+    if int(evaluation.fit_value) < 0:
+        raise UsageError(f"{path}: eval.fit_value must be at least 0")
+    _check_every(evaluation.every, path)
+    if evaluation.split not in ("test", "validation"):
+        raise UsageError(f"{path}: eval.split must be test or validation, got {evaluation.split!r}")
+    try:
+        ComputeGrid.of(evaluation)
+    except UsageError as error:
+        raise UsageError(f"{path}: eval.{error}") from None
+    depths = evaluation.depths
+    if not isinstance(depths, list) or not depths or not all(isinstance(d, int) and d >= 1 for d in depths):
+        raise UsageError(f"{path}: eval.depths must be a list of positive integers")
+    _check_tiers(evaluation.tiers, path)
+    evaluation.width = _parse_width(evaluation.width, evaluation.tiers, path)
+
+
 def load_experiment(name_or_path: str, overrides: Sequence[str] = ()) -> Experiment:
     """An experiment by shipped name (``nqueens8``) or YAML path, validated with one-line errors.
 
     ``overrides`` (``key=value``) change it for this run: ``eval.*`` keys the evaluation (``eval.samples=5``),
     ``model.*``, ``train.*`` and ``task.*`` keys every model's run config (``train.seed=1``,
-    ``train.compile=true``), after the experiment's own per-model overrides.
+    ``train.compile=true``), after the experiment's own per-model overrides. A model's own ``eval.*``
+    overrides change its evaluation alone (:meth:`Experiment.eval_for`), before the command line's.
     """
     run_overrides, eval_overrides = _split_overrides(overrides)
     path = Path(name_or_path)
@@ -233,11 +274,14 @@ def load_experiment(name_or_path: str, overrides: Sequence[str] = ()) -> Experim
         config = (path.parent / str(entry["config"])).resolve()
         if not config.is_file():
             raise UsageError(f"{path}: models.{model}.config {config} does not exist")
-        own = [str(o) for o in entry.get("overrides") or []]
+        try:
+            own, own_eval = _split_overrides([str(o) for o in entry.get("overrides") or []])
+        except UsageError as error:
+            raise UsageError(f"{path}: models.{model}: {error}") from None
         reference = entry.get("reference_minutes")
         if reference is not None:
             reference = positive_number(reference, f"{path}: models.{model}.reference_minutes")
-        specs.append(ModelSpec(str(model), config, [*own, *run_overrides], reference))
+        specs.append(ModelSpec(str(model), config, [*own, *run_overrides], reference, own_eval))
     raw_eval = data.get("eval") or {}
     known = {
         "samples",
@@ -263,25 +307,14 @@ def load_experiment(name_or_path: str, overrides: Sequence[str] = ()) -> Experim
         evaluation = apply_overrides(EvalSpec(**raw_eval), eval_overrides)
     except UsageError as error:
         raise UsageError(f"eval override: {error}") from None
-    for key in ("samples", "steps"):
-        if int(getattr(evaluation, key)) < 1:
-            raise UsageError(f"{path}: eval.{key} must be at least 1")
-    if not float(evaluation.temperature) >= 0:
-        raise UsageError(f"{path}: eval.temperature must be at least 0")
-    if int(evaluation.fit_value) < 0:
-        raise UsageError(f"{path}: eval.fit_value must be at least 0")
-    _check_every(evaluation.every, path)
-    if evaluation.split not in ("test", "validation"):
-        raise UsageError(f"{path}: eval.split must be test or validation, got {evaluation.split!r}")
-    try:
-        ComputeGrid.of(evaluation)
-    except UsageError as error:
-        raise UsageError(f"{path}: eval.{error}") from None
-    depths = evaluation.depths
-    if not isinstance(depths, list) or not depths or not all(isinstance(d, int) and d >= 1 for d in depths):
-        raise UsageError(f"{path}: eval.depths must be a list of positive integers")
-    _check_tiers(evaluation.tiers, path)
-    evaluation.width = _parse_width(evaluation.width, evaluation.tiers, path)
+    _check_evaluation(evaluation, path)
+    for spec in specs:
+        if spec.eval_overrides:
+            try:
+                own = apply_overrides(evaluation, [*spec.eval_overrides, *eval_overrides])
+            except UsageError as error:
+                raise UsageError(f"{path}: models.{spec.name}: eval override: {error}") from None
+            _check_evaluation(own, path)
     kind = str(data.get("kind", DEFAULT_KIND))
     if kind not in KINDS:
         raise UsageError(f"{path}: kind must be one of {', '.join(KINDS)}, not {kind!r}")

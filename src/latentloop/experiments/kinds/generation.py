@@ -15,7 +15,6 @@ from latentloop.experiments.report import (
     report_end,
     report_heading,
     save_figure,
-    temperature_details,
 )
 from latentloop.experiments.spec import EvalSpec, Experiment, ModelSpec
 from latentloop.experiments.store import portable, read_json, write_json
@@ -23,8 +22,9 @@ from latentloop.plotting import pyplot
 
 
 class GenerationKind(ExperimentKind):
-    """Unconditional samples of each model at its own default depth. Options: ``eval.samples``,
-    ``temperature``."""
+    """Unconditional samples of each model, at its own default depth unless its own overrides or the
+    command line's set ``eval.steps``. Options: ``eval.samples``, ``seed``, ``temperature`` (``eval.steps``
+    only as an override: ``overrides: [eval.steps=128, eval.temperature=0.5]``)."""
 
     def evaluate(
         self,
@@ -37,7 +37,8 @@ class GenerationKind(ExperimentKind):
         log: Callable[[str], None],
     ) -> dict[str, Any]:
         """The model's row: its training summary and its samples judged (``sample.json``)."""
-        return {"train": trained, "eval": sample_model(spec, folder, experiment.eval, log)}
+        steps = experiment.eval_for(spec).steps if experiment.evaluation_sets(spec, "steps") else None
+        return {"train": trained, "eval": sample_model(spec, folder, experiment.eval_for(spec), steps, log)}
 
     def summary_rows(self, results: dict[str, Any]) -> list[dict[str, Any]]:
         """Each model's size, training, sampling speed, valid and distinct samples, and scores."""
@@ -51,6 +52,8 @@ class GenerationKind(ExperimentKind):
                     "train_minutes": row["train"]["train_minutes"],
                     "batches": row["train"]["step"],
                     "samples": report["samples"],
+                    "steps": report["steps"],
+                    "temperature": report.get("temperature"),
                     "samples_per_s": report["samples_per_s"],
                     "valid_fraction": report["valid_fraction"],
                     "distinct": report["distinct"],
@@ -63,18 +66,21 @@ class GenerationKind(ExperimentKind):
     def report_markdown(self, results: dict[str, Any], command: str | None) -> str:
         """The table of samples (beside real held-out digits where scored) and where the grids are."""
         rows = self.summary_rows(results)
-        details = f"; {rows[0]['samples']} samples per model at its own default depth"
-        details += temperature_details(results["eval"])
+        details = f"; {rows[0]['samples']} samples per model, seed {results['eval'].get('seed', 0)}"
         lines = report_heading(results, details, command)
         scored = any(r["inception_score"] is not None for r in rows)
-        header = "| model | parameters | trained (min / batches) | samples/s | valid (%) | distinct |"
-        rule = "|---|---|---|---|---|---|"
+        header = "| model | parameters | trained (min / batches) | steps | temperature | samples/s | valid (%) | distinct |"
+        rule = "|---|---|---|---|---|---|---|---|"
         if scored:
             header, rule = header + " inception score | Fréchet distance |", rule + "---|---|"
         lines += ["", header, rule]
         for r in rows:
+            temperature = (
+                "-" if r["temperature"] is None else f"{r['temperature']:g}"
+            )  # argmax decoders: none
             line = (
-                f"| {r['model']} | {r['parameters']:,} | {r['train_minutes']:.1f} / {r['batches']} | "
+                f"| {r['model']} | {r['parameters']:,} | {r['train_minutes']:.1f} / {r['batches']} | {r['steps']} | "
+                f"{temperature} | "
                 f"{r['samples_per_s']:.1f} | {percent(r['valid_fraction'])} | {r['distinct']} |"
             )
             if scored:
@@ -86,7 +92,7 @@ class GenerationKind(ExperimentKind):
         )
         if reference is not None:
             lines.append(
-                f"| real held-out digits ({reference['images']}) | - | - | - | - | - | "
+                f"| real held-out digits ({reference['images']}) | - | - | - | - | - | - | - | "
                 f"{_number(reference['inception_score'])} | {_number(reference['frechet_distance'])} |"
             )
         pictures = [
@@ -132,21 +138,25 @@ class GenerationKind(ExperimentKind):
         save_figure(fig, path)
 
 
-def sample_model(spec: ModelSpec, folder: Path, settings: EvalSpec, log: Callable[[str], None]) -> dict:
-    """``settings.samples`` unconditional samples of the run (its own default depth), judged and, for digits,
-    scored; the grid goes to ``MODEL/samples.png``. Stored as the run's ``sample.json``, which a rerun with
-    the same settings reads back."""
+def sample_model(
+    spec: ModelSpec, folder: Path, settings: EvalSpec, steps: int | None, log: Callable[[str], None]
+) -> dict:
+    """``settings.samples`` unconditional samples of the run at ``steps`` (None: its own default depth),
+    judged and, for digits, scored; the grid goes to ``MODEL/samples.png``. Stored as the run's
+    ``sample.json``, which a rerun with the same settings reads back."""
     report = read_json(folder / "sample.json")
     if (
         report is not None
         and report.get("samples") == settings.samples
         and report.get("temperature", 1.0) == settings.temperature
+        and report.get("seed", 0) == settings.seed
+        and (steps is None or report.get("steps") == steps)
     ):
         log(f"{spec.name}: sampled already, skipping")
         return report  # written by portable(): its paths are relative to the output folder already
     log(f"{spec.name}: drawing {settings.samples} unconditional samples")
     # images: MODEL/samples.png
-    report = sample_run(folder, settings.samples, None, 0, settings.temperature, 256, None, None)
+    report = sample_run(folder, settings.samples, steps, settings.seed, settings.temperature, 256, None, None)
     report = portable(report, folder.parent)
     write_json(folder / "sample.json", report)
     return report

@@ -34,7 +34,7 @@ class LanguageModelKind(ExperimentKind):
         log: Callable[[str], None],
     ) -> dict[str, Any]:
         """The model's row: its training summary and its metric by depth (``eval.json``)."""
-        return {"train": trained, "eval": evaluate_depths(spec, folder, experiment.eval, log)}
+        return {"train": trained, "eval": evaluate_depths(spec, folder, experiment.eval_for(spec), log)}
 
     def summary_rows(self, results: dict[str, Any]) -> list[dict[str, Any]]:
         """A row per model and tier: its metric, and the share of prompt positions right, by depth."""

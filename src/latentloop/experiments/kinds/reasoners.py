@@ -55,7 +55,7 @@ class ReasonersKind(ExperimentKind):
         log: Callable[[str], None],
     ) -> dict[str, Any]:
         """The model's row: its training summary and its evaluation (``eval.json``)."""
-        report = evaluate_model(spec, folder, trained["arch"], experiment.eval, log, progress)
+        report = evaluate_model(spec, folder, trained["arch"], experiment.eval_for(spec), log, progress)
         return {"train": trained, "eval": report}
 
     def summary_rows(self, results: dict[str, Any]) -> list[dict[str, Any]]:

@@ -49,9 +49,18 @@ class TimeToAccuracyKind(ExperimentKind):
         its own while it trains (that would count in its minutes). These come after its own overrides, so they
         win, and being part of the overrides they are recorded in ``train.json`` and checked alike on a
         rerun."""
-        every = experiment.eval.every
-        extra = [f"train.checkpoint_every={every}", "train.keep_checkpoints=0", "train.eval_every=0"]
-        return [dataclasses.replace(spec, overrides=[*spec.overrides, *extra]) for spec in experiment.models]
+        return [
+            dataclasses.replace(
+                spec,
+                overrides=[
+                    *spec.overrides,
+                    f"train.checkpoint_every={experiment.eval_for(spec).every}",
+                    "train.keep_checkpoints=0",
+                    "train.eval_every=0",
+                ],
+            )
+            for spec in experiment.models
+        ]
 
     def evaluate(
         self,
@@ -65,7 +74,7 @@ class TimeToAccuracyKind(ExperimentKind):
     ) -> dict[str, Any]:
         """The model's row: its curve over all checkpoints, what it adds to the row before, its summary."""
         own = experiment.models[index]
-        curve = evaluate_curve(spec, folder, trained["arch"], experiment.eval, log)
+        curve = evaluate_curve(spec, folder, trained["arch"], experiment.eval_for(spec), log)
         return {
             "train": trained,
             "config": relative_config(own.config, experiment),
