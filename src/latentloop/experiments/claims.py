@@ -220,7 +220,7 @@ def _s9(model: str, cells: str, field: str = "accuracy") -> str:
 
 
 _S9_SCALE = (
-    "generated 9x9 Sudoku at 30 clues that singles solve, not Sudoku-Extreme; 0.17-0.19M parameters, fixed "
+    "generated 9x9 Sudoku that needs 1-4 guesses, not Sudoku-Extreme; 0.17-0.19M parameters, fixed "
     "schedules of 3,300 (TRM) and 5,350 (GRAM) batches on one CPU core each"
 )
 
