@@ -75,9 +75,8 @@ class GenerationKind(ExperimentKind):
             header, rule = header + " inception score | Fréchet distance |", rule + "---|---|"
         lines += ["", header, rule]
         for r in rows:
-            temperature = (
-                "-" if r["temperature"] is None else f"{r['temperature']:g}"
-            )  # argmax decoders: none
+            # The deterministic reasoners decode argmax: they have no temperature.
+            temperature = "-" if r["temperature"] is None else f"{r['temperature']:g}"
             line = (
                 f"| {r['model']} | {r['parameters']:,} | {r['train_minutes']:.1f} / {r['batches']} | {r['steps']} | "
                 f"{temperature} | "
