@@ -114,14 +114,17 @@ class Experiment:
         then this run's (:attr:`overrides`), which win."""
         if not spec.eval_overrides:
             return self.eval
-        own = apply_overrides(self.eval, [*spec.eval_overrides, *_split_overrides(self.overrides)[1]])
+        own = apply_overrides(self.eval, self._eval_overrides(spec))
         own.width = _parse_width(own.width, own.tiers, self.path)
         return own
 
     def evaluation_sets(self, spec: ModelSpec, key: str) -> bool:
         """Whether ``spec``'s own overrides or this run's set ``eval.key``."""
-        given = [*spec.eval_overrides, *_split_overrides(self.overrides)[1]]
-        return any(item.split("=", 1)[0].strip() == key for item in given)
+        return any(item.split("=", 1)[0].strip() == key for item in self._eval_overrides(spec))
+
+    def _eval_overrides(self, spec: ModelSpec) -> list[str]:
+        """The ``eval.*`` overrides of ``spec`` (without the prefix), its own first, then this run's."""
+        return [*spec.eval_overrides, *_split_overrides(self.overrides)[1]]
 
 
 def available_experiments(folder: Path = EXPERIMENTS_DIR) -> list[str]:
@@ -308,13 +311,6 @@ def load_experiment(name_or_path: str, overrides: Sequence[str] = ()) -> Experim
     except UsageError as error:
         raise UsageError(f"eval override: {error}") from None
     _check_evaluation(evaluation, path)
-    for spec in specs:
-        if spec.eval_overrides:
-            try:
-                own = apply_overrides(evaluation, [*spec.eval_overrides, *eval_overrides])
-            except UsageError as error:
-                raise UsageError(f"{path}: models.{spec.name}: eval override: {error}") from None
-            _check_evaluation(own, path)
     kind = str(data.get("kind", DEFAULT_KIND))
     if kind not in KINDS:
         raise UsageError(f"{path}: kind must be one of {', '.join(KINDS)}, not {kind!r}")
@@ -323,7 +319,7 @@ def load_experiment(name_or_path: str, overrides: Sequence[str] = ()) -> Experim
     jobs = _whole_number(data.get("jobs", 1), f"{path}: jobs")
     threads = data.get("threads_per_model")
     threads = None if threads is None else _whole_number(threads, f"{path}: threads_per_model")
-    return Experiment(
+    experiment = Experiment(
         name=path.stem,
         path=path,
         description=str(data.get("description", "")).strip(),
@@ -343,3 +339,10 @@ def load_experiment(name_or_path: str, overrides: Sequence[str] = ()) -> Experim
         jobs=jobs,
         threads_per_model=threads,
     )
+    for spec in specs:
+        try:
+            own = experiment.eval_for(spec)
+        except UsageError as error:
+            raise UsageError(f"{path}: models.{spec.name}: eval override: {error}") from None
+        _check_evaluation(own, path)
+    return experiment

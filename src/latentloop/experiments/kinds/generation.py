@@ -37,8 +37,9 @@ class GenerationKind(ExperimentKind):
         log: Callable[[str], None],
     ) -> dict[str, Any]:
         """The model's row: its training summary and its samples judged (``sample.json``)."""
-        steps = experiment.eval_for(spec).steps if experiment.evaluation_sets(spec, "steps") else None
-        return {"train": trained, "eval": sample_model(spec, folder, experiment.eval_for(spec), steps, log)}
+        settings = experiment.eval_for(spec)
+        steps = settings.steps if experiment.evaluation_sets(spec, "steps") else None
+        return {"train": trained, "eval": sample_model(spec, folder, settings, steps, log)}
 
     def summary_rows(self, results: dict[str, Any]) -> list[dict[str, Any]]:
         """Each model's size, training, sampling speed, valid and distinct samples, and scores."""
