@@ -272,7 +272,7 @@ SHIPPED_SCHEDULES = {
         "fast-recipe": 9500,
     },
     "sudoku-scaling": {"trm": 230, "gram": 330},
-    "sudoku9": {"trm-seed-0": 3300, "gram-seed-0": 5350, "trm-seed-1": 3300, "gram-seed-1": 5350},
+    "sudoku9": {"trm-seed-0": 3300, "gram-seed-0": 3175, "trm-seed-1": 3300, "gram-seed-1": 3175},
     "sudoku9-ablation": dict.fromkeys(["full", "no-guidance", "stochasticity-only"], 5350),
     "sudoku-time": {
         "paper-recursion": 125,
