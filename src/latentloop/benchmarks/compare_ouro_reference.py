@@ -19,7 +19,12 @@ with a strict ``load_state_dict``. It reports, as one JSON object:
   interleaved repeats, with the ratio and whether the tokens agree; and with the exit gate at a threshold, our
   ``exit="gate:t"`` (the steps after the exit skipped) and ``exit="gate-full:t"`` (every step computed, as
   the official code does) against the official ``early_exit_threshold=t``: tokens, the mean core steps we
-  compute per token, and the speed ratio.
+  compute per token, and the speed ratio. ``--batch B`` decodes B prompts at once. Beside them, at each depth,
+  the weight products alone: every linear layer of the stack applied once per step and the head once, to B
+  rows, one eager call each, and nothing else (no attention, norms or cache). At batch 1 these are
+  matrix-vector products that read every weight from memory once per step, most of what decoding costs, so
+  their rate says how much room any implementation has left (``share_of_floor``: a decoder's tokens/s over
+  theirs; compiled code that fuses products can pass 1).
 
 ``--fixture DIR`` also writes the tiny model (``DIR/model``, official layout) and what the official code computed
 on it (``DIR/expected.safetensors``), the numbers ``tests/models/test_ouro_parity.py`` checks without the official
@@ -48,7 +53,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
+from torch import nn
 
 try:  # only this comparison needs transformers, which latentloop does not depend on
     import transformers
@@ -79,6 +86,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Any:
     parser.add_argument("--gate-thresholds", type=str, default="0.5,0.9,1.0")
     parser.add_argument("--prompt-len", type=int, default=16)
     parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--batch", type=int, default=1, help="prompts decoded at once in the speed runs")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
@@ -247,10 +255,30 @@ def parity(modeling: types.ModuleType, args: Any) -> tuple[dict[str, Any], dict[
     return report, expected, folder
 
 
-def timed(fn: Callable[[], torch.Tensor]) -> tuple[float, torch.Tensor]:
+def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     started = time.perf_counter()
     out = fn()
     return time.perf_counter() - started, out
+
+
+def weight_products_floor(model: OuroLM, steps: int, rows: int, repeats: int, tokens: int = 8) -> float:
+    """Median seconds per decoded position (one new token in each of ``rows`` rows) of the weight products
+    alone: each linear layer of the stack (the exit gate included) applied ``steps`` times and the head once,
+    to ``rows`` vectors."""
+    weights = [m.weight for m in model.model.modules() if isinstance(m, nn.Linear)]
+    inputs = [torch.randn(rows, w.shape[1]) for w in weights]
+    head_input = torch.randn(rows, model.lm_head.weight.shape[1])
+
+    def decode() -> None:
+        with torch.no_grad():
+            for _ in range(tokens):
+                for _ in range(steps):
+                    for x, w in zip(inputs, weights, strict=True):
+                        F.linear(x, w)
+                F.linear(head_input, model.lm_head.weight)
+
+    decode()
+    return round(statistics.median(timed(decode)[0] for _ in range(repeats)) / tokens, 5)
 
 
 def speed(modeling: types.ModuleType, args: Any) -> dict[str, Any]:
@@ -267,12 +295,13 @@ def speed(modeling: types.ModuleType, args: Any) -> dict[str, Any]:
     OuroLM(config).save_pretrained(folder)
     ours = OuroLM.from_pretrained(folder)
     prompt = torch.randint(
-        1, config.vocab_size, (1, args.prompt_len), generator=torch.Generator().manual_seed(1)
+        1, config.vocab_size, (args.batch, args.prompt_len), generator=torch.Generator().manual_seed(1)
     )
     n = args.new_tokens
     result: dict[str, Any] = {
         "model": {"hidden_size": 512, "layers": 8, "heads": 8, "intermediate": 1408, "vocab": 49152},
         "prompt_len": args.prompt_len,
+        "batch": args.batch,
         "new_tokens": n,
         "repeats": args.repeats,
         "depths": {},
@@ -309,7 +338,7 @@ def speed(modeling: types.ModuleType, args: Any) -> dict[str, Any]:
             tokens = tokens.sequences if hasattr(tokens, "sequences") else tokens
             median = statistics.median(times[name])
             row[name] = {
-                "tokens_per_second": round(n / median, 2),
+                "tokens_per_second": round(args.batch * n / median, 2),  # every row's new tokens
                 "median_seconds": round(median, 4),
                 "same_tokens_as_official": bool(torch.equal(tokens[:, args.prompt_len :], theirs_tokens)),
             }
@@ -317,6 +346,14 @@ def speed(modeling: types.ModuleType, args: Any) -> dict[str, Any]:
         for name in runners:
             if name != "official_generate":
                 row[name]["speedup_vs_official"] = round(row[name]["tokens_per_second"] / base, 3)
+        floor = weight_products_floor(ours, steps, args.batch, args.repeats)
+        floor_rate = args.batch / floor
+        row["weight_products_floor"] = {
+            "tokens_per_second": round(floor_rate, 2),
+            "seconds_per_position": floor,
+        }
+        for name in runners:
+            row[name]["share_of_floor"] = round(row[name]["tokens_per_second"] / floor_rate, 3)
         result["depths"][str(steps)] = row
     steps = 4
     for t in [float(s) for s in args.gate_thresholds.split(",")]:
