@@ -24,7 +24,7 @@ with a strict ``load_state_dict``. It reports, as one JSON object:
   rows, one eager call each, and nothing else (no attention, norms or cache). At batch 1 these are
   matrix-vector products that read every weight from memory once per step, most of what decoding costs, so
   their rate says how much room any implementation has left (``share_of_floor``: a decoder's tokens/s over
-  theirs; compiled code that fuses products can pass 1).
+  theirs; compiled decoding can pass 1).
 
 ``--fixture DIR`` also writes the tiny model (``DIR/model``, official layout) and what the official code computed
 on it (``DIR/expected.safetensors``), the numbers ``tests/models/test_ouro_parity.py`` checks without the official
