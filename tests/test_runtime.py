@@ -41,3 +41,22 @@ def test_settled_vector_math_gives_the_same_answer_from_the_first_call(trial):
     assert vector_calls, report["settling_calls"]
     assert vector_calls[0] and max(vector_calls[0]) < VECTOR_MATH_CHUNK, vector_calls
     assert report["same"]
+
+
+def test_cpu_description_names_the_processor_and_its_matmul_extensions(monkeypatch):
+    from pathlib import Path
+
+    from latentloop import runtime
+
+    cpuinfo = (
+        "processor\t: 0\nmodel name\t: AMD EPYC 9R14\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16 fma\n"
+    )
+    real = Path.read_text
+    monkeypatch.setattr(
+        Path,
+        "read_text",
+        lambda self, *a, **k: cpuinfo if str(self) == "/proc/cpuinfo" else real(self, *a, **k),
+    )
+    assert runtime.cpu_description() == "AMD EPYC 9R14 (avx2 avx512f avx512_bf16)"
+    cpuinfo = "model name\t: Some CPU\nflags\t\t: fpu sse2\n"
+    assert runtime.cpu_description() == "Some CPU"

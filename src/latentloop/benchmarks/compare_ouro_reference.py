@@ -15,16 +15,18 @@ with a strict ``load_state_dict``. It reports, as one JSON object:
   against the official ``generate``, without the exit gate and with it (ours ``exit="gate-full:t"`` against
   the official ``early_exit_threshold=t``); target <= 1e-5;
 * ``speed`` (with ``--speed``): greedy decode tokens/s at 4 and 8 steps on a model of hidden 512 and 8 layers,
-  ours (eager, and compiled with ``--compile``) against the official ``generate`` with its cache, as medians of
+  ours (eager; with ``prepack=True``, the linear weights repacked for oneDNN; compiled with ``--compile``)
+  against the official ``generate`` with its cache, as medians of
   interleaved repeats, with the ratio and whether the tokens agree; and with the exit gate at a threshold, our
   ``exit="gate:t"`` (the steps after the exit skipped) and ``exit="gate-full:t"`` (every step computed, as
   the official code does) against the official ``early_exit_threshold=t``: tokens, the mean core steps we
   compute per token, and the speed ratio. ``--batch B`` decodes B prompts at once. Beside them, at each depth,
   the weight products alone: every linear layer of the stack applied once per step and the head once, to B
-  rows, one eager call each, and nothing else (no attention, norms or cache). At batch 1 these are
-  matrix-vector products that read every weight from memory once per step, most of what decoding costs, so
-  their rate says how much room any implementation has left (``share_of_floor``: a decoder's tokens/s over
-  theirs; compiled decoding can pass 1).
+  rows, one eager ``F.linear`` call each, and nothing else (no attention, norms or cache). At batch 1 these
+  are matrix-vector products that read every weight from memory once per step, most of what decoding costs,
+  so their rate says how much room a decoder built on ``F.linear`` has left (``share_of_floor``: a decoder's
+  tokens/s over theirs); one whose products run faster than ``F.linear``'s, as prepacked ones do at a few
+  rows, can pass 1.
 
 ``--fixture DIR`` also writes the tiny model (``DIR/model``, official layout) and what the official code computed
 on it (``DIR/expected.safetensors``), the numbers ``tests/models/test_ouro_parity.py`` checks without the official
@@ -66,6 +68,7 @@ from latentloop.errors import ArgumentParser, UsageError
 from latentloop.io import emit_json_report
 from latentloop.models.generation import generate
 from latentloop.models.ouro import OuroConfig, OuroLM
+from latentloop.runtime import cpu_description
 
 REFERENCE_FILES = ("configuration_ouro.py", "modeling_ouro.py")
 PACKAGE = "ouro_reference"
@@ -308,8 +311,12 @@ def speed(modeling: types.ModuleType, args: Any) -> dict[str, Any]:
         "gate": {},
     }
 
-    def ours_fn(steps: int, compiled: bool = False, exit: str | None = None) -> Callable[[], torch.Tensor]:
-        return lambda: generate(ours, prompt, max_new_tokens=n, num_steps=steps, compile=compiled, exit=exit)
+    def ours_fn(
+        steps: int, compiled: bool = False, exit: str | None = None, prepack: bool = False
+    ) -> Callable[[], torch.Tensor]:
+        return lambda: generate(
+            ours, prompt, max_new_tokens=n, num_steps=steps, compile=compiled, exit=exit, prepack=prepack
+        )
 
     def theirs_fn(ref: Any) -> Callable[[], torch.Tensor]:
         def run() -> torch.Tensor:
@@ -322,7 +329,11 @@ def speed(modeling: types.ModuleType, args: Any) -> dict[str, Any]:
 
     for steps in [int(s) for s in args.speed_depths.split(",")]:
         ref = official_model(modeling, folder, steps)
-        runners = {"latentloop": ours_fn(steps), "official_generate": theirs_fn(ref)}
+        runners = {
+            "latentloop": ours_fn(steps),
+            "latentloop_prepacked": ours_fn(steps, prepack=True),
+            "official_generate": theirs_fn(ref),
+        }
         if args.compile:
             runners["latentloop_compiled"] = ours_fn(steps, compiled=True)
         outputs = {name: fn() for name, fn in runners.items()}  # warm-up (and compilation)
@@ -390,6 +401,7 @@ def run(args: Any) -> dict[str, Any]:
     report: dict[str, Any] = {
         "benchmark": "compare_ouro_reference",
         "environment": {
+            "cpu": cpu_description(),
             "torch": torch.__version__,
             "transformers": transformers.__version__,
             "python": platform.python_version(),

@@ -5,7 +5,6 @@ from __future__ import annotations
 import datetime
 import os
 import platform
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -13,30 +12,13 @@ import torch
 from latentloop.experiments.kinds.base import ExperimentKind
 from latentloop.experiments.spec import Experiment
 from latentloop.paths import shipped_or_relative
-
-# The CPU's vector extensions that decide the speed of fp32 and bf16 matmuls on the CPU.
-_VECTOR_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
-
-
-def _cpu() -> str | None:
-    """The processor's name and its vector extensions among ``_VECTOR_FLAGS``, as Linux reports them (None
-    elsewhere): ``AMD EPYC (avx2 avx512f avx512_bf16)``."""
-    try:
-        info = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return None
-    name = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), None)
-    flags = next((line.split(":", 1)[1].split() for line in info if line.startswith("flags")), [])
-    if name is None:
-        return None
-    vector = " ".join(f for f in _VECTOR_FLAGS if f in flags)
-    return f"{name} ({vector})" if vector else name
+from latentloop.runtime import cpu_description
 
 
 def machine() -> dict[str, Any]:
     """What the numbers were measured on."""
     return {
-        "cpu": _cpu(),
+        "cpu": cpu_description(),
         "cpus": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "platform": platform.platform(),
