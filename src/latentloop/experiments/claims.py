@@ -783,24 +783,34 @@ CLAIMS: tuple[Claim, ...] = (
     Claim(
         id="unconditional-digits",
         family=GENERATION,
-        text="GRAM samples binarised digits unconditionally, at least as well as MDLM of its size and time",
+        text="GRAM samples binarised digits unconditionally, at least as well as MDLM of its size and budget "
+        "(every training seed)",
         paper="binarised MNIST scored by Inception Score and FID (values not in PAPERS.md)",
         source="results/digits/results.json",
         measures={
             "gram_is": _m("models.gram.eval.scores.inception_score"),
             "gram_fd": _m("models.gram.eval.scores.frechet_distance"),
+            "gram1_is": _m("models.gram-seed-1.eval.scores.inception_score"),
+            "gram1_fd": _m("models.gram-seed-1.eval.scores.frechet_distance"),
             "mdlm_is": _m("models.mdlm.eval.scores.inception_score"),
             "mdlm_fd": _m("models.mdlm.eval.scores.frechet_distance"),
             "real_is": _m("models.gram.eval.reference.inception_score"),
             "real_fd": _m("models.gram.eval.reference.frechet_distance"),
             "params": _m("models.gram.train.parameters", scale=1e-6),
-            "minutes": _m("budget_minutes_per_model"),
+            "flops": _m("models.gram.train.flops", scale=1e-13),
         },
-        figure="IS / Fréchet distance: GRAM {gram_is:.2f} / {gram_fd:.1f}, MDLM {mdlm_is:.2f} / {mdlm_fd:.1f}, "
-        "real digits {real_is:.2f} / {real_fd:.1f}",
-        scale="8x8 digits, a small classifier's features, {params:.2f}M parameters, {minutes:.0f} CPU min "
-        "(paper: 28x28 MNIST, ~10M)",
-        rule=Rule((_c("gram_is", ">=", "mdlm_is"), _c("gram_fd", "<=", "mdlm_fd"))),
+        figure="IS / Fréchet distance: GRAM {gram_is:.2f} / {gram_fd:.1f} and {gram1_is:.2f} / {gram1_fd:.1f} "
+        "(training seeds 0 / 1), MDLM {mdlm_is:.2f} / {mdlm_fd:.1f}, real digits {real_is:.2f} / {real_fd:.1f}",
+        scale="8x8 digits, a small classifier's features, {params:.2f}M parameters, {flops:.2f}e13 training FLOPs "
+        "each (paper: 28x28 MNIST, ~10M)",
+        rule=Rule(
+            (
+                _c("gram_is", ">=", "mdlm_is"),
+                _c("gram_fd", "<=", "mdlm_fd"),
+                _c("gram1_is", ">=", "mdlm_is"),
+                _c("gram1_fd", "<=", "mdlm_fd"),
+            )
+        ),
         section="digits",
     ),
     # ---------------------------------------------------------------- ARC
