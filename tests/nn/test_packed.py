@@ -15,25 +15,15 @@ from torch import nn
 from latentloop.cli import main
 from latentloop.errors import UsageError
 from latentloop.models.generation import generate
-from latentloop.models.ouro import OuroConfig, OuroLM
+from latentloop.models.ouro import OuroLM
 from latentloop.nn.packed import PackedLinear, prepacked
+from tests.models.test_ouro import tiny
 
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN")
 
 
 def tiny_ouro() -> OuroLM:
-    torch.manual_seed(0)
-    config = OuroConfig(
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        vocab_size=64,
-        max_position_embeddings=64,
-        initializer_range=0.2,
-        tie_word_embeddings=True,
-    )
-    return OuroLM(config).eval()
+    return tiny(tie_word_embeddings=True)  # a tied head: packed once, the embedding kept as it is
 
 
 @pytest.mark.parametrize("bias", [False, True])
@@ -100,3 +90,9 @@ def test_prepack_refuses_what_it_cannot_pack():
         generate(tiny_ouro(), torch.ones(1, 3, dtype=torch.long), prepack=True, compile=True)
     with pytest.raises(UsageError, match="fp32 or bf16"):
         generate(tiny_ouro().double(), torch.ones(1, 3, dtype=torch.long), prepack=True)
+    bf16 = tiny_ouro().to(torch.bfloat16)
+    if torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        assert generate(bf16, torch.ones(1, 3, dtype=torch.long), prepack=True).sequences.shape == (1, 35)
+    else:
+        with pytest.raises(UsageError, match="no oneDNN bf16 kernels"):
+            generate(bf16, torch.ones(1, 3, dtype=torch.long), prepack=True)

@@ -46,6 +46,8 @@ def can_prepack(module: nn.Module) -> str | None:
             return f"packed weights are for CPU models; this one is on {weight.device.type}"
         if weight.dtype not in (torch.float32, torch.bfloat16):
             return f"packed weights take fp32 or bf16, not {weight.dtype}"
+        if weight.dtype == torch.bfloat16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+            return "this CPU has no oneDNN bf16 kernels (AVX-512 or AVX-NE-CONVERT); use fp32"
     return None
 
 
