@@ -69,8 +69,9 @@ class GenerationConfig:
     compiled graphs; the first call of a size pays the compilation. ``prepack`` decodes through a copy of the
     model whose linear weights are repacked for oneDNN's CPU kernels (:func:`latentloop.nn.packed.prepacked`):
     faster eager decoding on a CPU (docs/lm.md measures it level with ``compile``), at the memory of a second
-    copy of those weights during the call, and with sums in another order (the last bits of the logits differ). ``return_trajectory`` keeps the state
-    after every iteration, ``return_logits`` the logits of every chosen token.
+    copy of those weights during the call, and with sums in another order (the last bits of the logits
+    differ). ``return_trajectory`` keeps the state after every iteration, ``return_logits`` the logits of every
+    chosen token.
 
     Other strategies: ``speculative=d`` drafts ``draft_tokens`` tokens at depth d and verifies them in one
     full-depth pass. ``sampler="parallel"`` (or a :class:`~latentloop.models.parallel_sampler.ParallelSampler`
