@@ -281,7 +281,7 @@ SHIPPED_SCHEDULES = {
         "step-weights": 815,
         "schedule": 230,
     },
-    "sudoku-unconditional": {"gram-seed-0": 3000, "gram-seed-1": 3000, "mdlm": 35470},
+    "sudoku-unconditional": {"gram-seed-0": 1350, "gram-seed-1": 1350, "mdlm": 15961, "gram-9x9": 1350},
 }
 
 
