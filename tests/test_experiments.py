@@ -281,7 +281,13 @@ SHIPPED_SCHEDULES = {
         "step-weights": 815,
         "schedule": 230,
     },
-    "sudoku-unconditional": {"gram-seed-0": 1350, "gram-seed-1": 1350, "mdlm": 15961, "gram-9x9": 1350},
+    "sudoku-unconditional": {
+        "gram-seed-0": 1350,
+        "gram-seed-1": 1350,
+        "mdlm": 15961,
+        "gram-9x9": 1350,
+        "gram-9x9-seed-1": 1350,
+    },
 }
 
 

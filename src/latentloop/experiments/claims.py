@@ -770,16 +770,22 @@ CLAIMS: tuple[Claim, ...] = (
             **{f"gram{seed}": _pct(f"models.gram-seed-{seed}.eval.valid_fraction") for seed in (0, 1)},
             "mdlm": _pct("models.mdlm.eval.valid_fraction"),
             "gram9": _pct("models.gram-9x9.eval.valid_fraction"),
+            "gram9_1": _pct("models.gram-9x9-seed-1.eval.valid_fraction"),
             "params": _m("models.gram-seed-0.train.parameters", scale=1e-6),
             "minutes": _m("models.gram-seed-0.train.train_minutes"),
             "minutes9": _m("models.gram-9x9.train.train_minutes"),
         },
         figure="6x6 boards valid: GRAM {gram0:.1f}% / {gram1:.1f}% (training seeds 0 / 1), MDLM {mdlm:.1f}%; "
-        "9x9: GRAM {gram9:.1f}%",
+        "9x9: GRAM {gram9:.1f}% / {gram9_1:.1f}%",
         scale="6x6 and 9x9 boards, {params:.2f}M parameters, {minutes:.0f} and {minutes9:.0f} CPU min ({paper})",
         # The paper's boards are 9x9: the 6x6 level on both seeds alone is partly.
         rule=Rule(
-            (_c("gram0", ">=", 99.05, -5), _c("gram1", ">=", 99.05, -5), _c("gram9", ">=", 99.05, -5)),
+            (
+                _c("gram0", ">=", 99.05, -5),
+                _c("gram1", ">=", 99.05, -5),
+                _c("gram9", ">=", 99.05, -5),
+                _c("gram9_1", ">=", 99.05, -5),
+            ),
             (_c("gram0", ">", 0), _c("gram1", ">", 0)),
         ),
         section="sudoku-unconditional",
