@@ -65,6 +65,11 @@ def test_experiment_trains_evaluates_and_reports(tmp_path):
         assert row["train"]["flops"] == flops > 0
         assert f"| {name} | {row['train']['parameters']:,} | " in report
         assert f" / {row['train']['step']} / {format_flops(flops)} |" in report
+    # N-Queens has many solutions: beside coverage, the share of puzzles one of whose samples is valid.
+    assert "| any sample valid | coverage |" in report
+    for row in results["models"].values():
+        ev = row["eval"]
+        assert f" {100 * ev['oracle_accuracy']:.1f} | {100 * ev['coverage']:.1f} |" in report
 
 
 def test_results_name_their_files_relative_to_the_output_folder_and_the_experiment(tmp_path, monkeypatch):
