@@ -246,8 +246,8 @@ def _fit_value(
 
 
 def _table(results: dict[str, Any], rows: list[dict[str, Any]], has_cov: bool) -> list[str]:
-    """The main table: each model's size, training and accuracies, where the task counts them its coverage,
-    the share of puzzles with a valid answer among its samples, and its conflicts, and the paper's numbers
+    """The main table: each model's size, training and accuracies; where the task counts them, its coverage,
+    the share of puzzles with a valid answer among its samples and its conflicts; and the paper's numbers
     where the experiment gives them."""
     has_conf = any(r["conflicts_total"] is not None for r in rows)
     header = (
