@@ -10,7 +10,7 @@ import yaml
 from latentloop.cli import main
 from latentloop.config import load_yaml
 from latentloop.errors import UsageError
-from latentloop.experiments import available_experiments, load_experiment
+from latentloop.experiments import aggregation, available_experiments, load_experiment
 from latentloop.experiments.kinds import get_kind
 from latentloop.experiments.report import format_flops, report_markdown, schedule_sentence
 from latentloop.experiments.runner import run_experiment
@@ -70,6 +70,23 @@ def test_experiment_trains_evaluates_and_reports(tmp_path):
     for row in results["models"].values():
         ev = row["eval"]
         assert f" {100 * ev['oracle_accuracy']:.1f} | {100 * ev['coverage']:.1f} |" in report
+
+
+def test_a_rerun_that_measures_nothing_keeps_the_machine_that_measured(tmp_path, monkeypatch):
+    path, out = str(write_experiment(tmp_path)), tmp_path / "out"
+    first = run_experiment(load_experiment(path), out, progress=False, log=lambda _: None)
+    elsewhere = {**aggregation.machine(), "cpu": "another machine"}
+    monkeypatch.setattr(aggregation, "machine", lambda: elsewhere)
+    # Every model trained and evaluated already: the report is rendered again, its numbers still this machine's.
+    again = run_experiment(load_experiment(path), out, progress=False, log=lambda _: None)
+    assert again["machine"] == first["machine"] != elsewhere
+    assert json.loads((out / "results.json").read_text())["machine"] == first["machine"]
+    assert "another machine" not in (out / "report.md").read_text()
+    # A model evaluated anew was measured here: the results name this machine.
+    (out / "gram" / "eval.json").unlink()
+    third = run_experiment(load_experiment(path), out, progress=False, log=lambda _: None)
+    assert third["machine"] == elsewhere
+    assert "another machine" in (out / "report.md").read_text()
 
 
 def test_results_name_their_files_relative_to_the_output_folder_and_the_experiment(tmp_path, monkeypatch):

@@ -3,7 +3,9 @@ write the results and the report into the output folder.
 
 Each step stores what it produced in the model's folder (``train.json``, and what the kind measures:
 ``eval.json``, ``sample.json``, ``curve.json``), so a rerun resumes an interrupted run and skips what has
-finished with the same settings.
+finished with the same settings. A rerun that finds everything finished only renders the results and the
+report again (after a change to the report, say), and they keep the date and machine of the run that
+measured them.
 
 The paths written into these files and ``results.json`` are relative, so the files read the same on any
 machine: a run's own files (``run``, ``checkpoint``, ``written``, ``image``, a fitted value head's ``file``)
@@ -29,7 +31,7 @@ from latentloop.experiments.aggregation import collect_results
 from latentloop.experiments.kinds import get_kind
 from latentloop.experiments.report import plot_examples, plot_results, report_markdown
 from latentloop.experiments.spec import Experiment, ModelSpec, positive_number
-from latentloop.experiments.store import write_json
+from latentloop.experiments.store import read_json, write_json
 from latentloop.experiments.training import (
     check_run_configs,
     planned_steps,
@@ -43,6 +45,15 @@ from latentloop.io import atomic_write_text
 # The run's API: planned_steps and scale_schedules are the training module's, and the command line shortens an
 # experiment's schedules through this module.
 __all__ = ["model_row", "planned_steps", "run_experiment", "scale_schedules"]
+
+
+def _measurements(out: Path, specs: list[ModelSpec]) -> dict[str, dict[str, str]]:
+    """The records each model's folder holds (``train.json``, ``eval.json``, ...), by model and file name: equal
+    before and after a run when it trained and evaluated nothing."""
+    return {
+        spec.name: {path.name: path.read_text() for path in sorted((out / spec.name).glob("*.json"))}
+        for spec in specs
+    }
 
 
 def _check_writable(out: Path) -> None:
@@ -112,6 +123,7 @@ def run_experiment(
     started = datetime.datetime.now(datetime.timezone.utc)
     threads = experiment.threads_per_model or threads_per_job(jobs)
     specs = kind.trained_specs(experiment)
+    before = _measurements(out, specs)
     if jobs == 1:
         with torch_threads(threads):
             rows = {
@@ -122,6 +134,11 @@ def run_experiment(
         calls = {spec.name: (experiment, index, spec, out, minutes) for index, spec in enumerate(specs)}
         rows = run_side_by_side(model_row, calls, jobs, threads)
     results = collect_results(experiment, kind, rows, started, minutes, jobs, threads)
+    previous = read_json(out / "results.json")
+    if previous is not None and _measurements(out, specs) == before:
+        # Nothing was trained or evaluated here, only rendered: the numbers keep the date and machine that
+        # measured them.
+        results |= {key: previous[key] for key in ("date", "machine") if key in previous}
     write_json(out / "results.json", results)
     atomic_write_text(out / "report.md", report_markdown(results))
     plot_results(results, out / "curves.png")
