@@ -78,8 +78,11 @@ def test_a_rerun_that_measures_nothing_keeps_the_machine_that_measured(tmp_path,
     elsewhere = {**aggregation.machine(), "cpu": "another machine"}
     monkeypatch.setattr(aggregation, "machine", lambda: elsewhere)
     # Every model trained and evaluated already: the report is rendered again, its numbers still this machine's.
-    again = run_experiment(load_experiment(path), out, progress=False, log=lambda _: None)
+    side_by_side = load_experiment(path)
+    side_by_side.jobs = 2
+    again = run_experiment(side_by_side, out, progress=False, log=lambda _: None)
     assert again["machine"] == first["machine"] != elsewhere
+    assert again["jobs"] == first["jobs"] == 1  # how the models were trained, not how this run would
     assert json.loads((out / "results.json").read_text())["machine"] == first["machine"]
     assert "another machine" not in (out / "report.md").read_text()
     # A model evaluated anew was measured here: the results name this machine.

@@ -4,8 +4,8 @@ write the results and the report into the output folder.
 Each step stores what it produced in the model's folder (``train.json``, and what the kind measures:
 ``eval.json``, ``sample.json``, ``curve.json``), so a rerun resumes an interrupted run and skips what has
 finished with the same settings. A rerun that finds everything finished only renders the results and the
-report again (after a change to the report, say), and they keep the date and machine of the run that
-measured them.
+report again (after a change to the report, say), and they keep the date, machine and side-by-side setting
+of the run that measured them.
 
 The paths written into these files and ``results.json`` are relative, so the files read the same on any
 machine: a run's own files (``run``, ``checkpoint``, ``written``, ``image``, a fitted value head's ``file``)
@@ -136,9 +136,10 @@ def run_experiment(
     results = collect_results(experiment, kind, rows, started, minutes, jobs, threads)
     previous = read_json(out / "results.json")
     if previous is not None and _measurements(out, specs) == before:
-        # Nothing was trained or evaluated here, only rendered: the numbers keep the date and machine that
-        # measured them.
-        results |= {key: previous[key] for key in ("date", "machine") if key in previous}
+        # Nothing was trained or evaluated here, only rendered: the numbers keep the date, machine and
+        # side-by-side setting that measured them.
+        kept = ("date", "machine", "jobs", "threads_per_model")
+        results |= {key: previous[key] for key in kept if key in previous}
     write_json(out / "results.json", results)
     atomic_write_text(out / "report.md", report_markdown(results))
     plot_results(results, out / "curves.png")
