@@ -192,3 +192,43 @@ def test_target_reveal_hides_each_cell_from_the_posterior_until_its_step() -> No
 def test_without_target_reveal_the_carry_holds_the_state_alone() -> None:
     batch, _ = toy_batch()
     assert set(tiny_gram("posterior").initial_carry(batch)) == {"h", "l"}
+
+
+def test_prior_share_trains_its_unguided_samples_on_the_prior_and_charges_them_no_kl() -> None:
+    batch, y = toy_batch()
+    model = tiny_gram("posterior", prior_share=0.5)
+    carry = model.initial_carry(batch) | {"unguided": torch.tensor([True, False, True])}
+
+    def trained(target: torch.Tensor | None):
+        torch.manual_seed(3)
+        return model(carry, batch, target=target)
+
+    after, out = trained(y)
+    _, inferred = trained(None)
+    _, other_target = trained(y % 4 + 1)
+    # The unguided rows draw what inference draws, whatever the target; the guided row reads the target.
+    assert torch.equal(out.logits[[0, 2]], inferred.logits[[0, 2]])
+    assert torch.equal(out.logits[[0, 2]], other_target.logits[[0, 2]])
+    assert not torch.equal(out.logits[1], other_target.logits[1])
+    assert out.kl[0] == 0 and out.kl[2] == 0 and out.kl[1] > 0
+    assert torch.equal(after["unguided"], carry["unguided"])  # kept for the sample's whole trajectory
+
+
+def test_prior_share_marks_about_its_share_of_the_samples_once() -> None:
+    inputs = torch.randint(1, 5, (4000, 6), generator=torch.Generator().manual_seed(0))
+    torch.manual_seed(0)
+    unguided = tiny_gram("posterior", prior_share=0.25).initial_carry({"inputs": inputs})["unguided"]
+    assert unguided.dtype == torch.bool and abs(unguided.float().mean().item() - 0.25) < 0.03
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"guidance": "posterior", "prior_share": 1.0}, r"model\.prior_share must be in \[0, 1\)"),
+        ({"guidance": "posterior", "prior_share": -0.1}, r"model\.prior_share must be in \[0, 1\)"),
+        ({"guidance": "prior", "prior_share": 0.5}, r"model\.prior_share needs a posterior"),
+    ],
+)
+def test_a_prior_share_without_meaning_is_refused(options: dict, message: str) -> None:
+    with pytest.raises(UsageError, match=message):
+        ReasonerConfig(**options)

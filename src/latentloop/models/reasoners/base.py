@@ -87,6 +87,9 @@ class ReasonerConfig:
     # > 0: GRAM's posterior sees each target cell from a random one of the first target_reveal supervision
     # steps on (drawn once per sample), so the target enters the state a few cells a step; gram.py
     target_reveal: int = 0
+    # > 0: this share of GRAM's training samples draw their noise from the prior for their whole trajectory, as
+    # at inference, and are charged no KL (a CVAE's and a GSNN's objective mixed, Sohn et al. 2015); gram.py
+    prior_share: float = 0.0
     rope_base: float = 10_000.0
     # > 0: the input is a grid of this width read row by row, and attention uses axial 2-D RoPE over its rows
     # and columns (nn.rope.AxialRotaryEmbedding) instead of 1-D RoPE over the flat sequence
@@ -155,6 +158,10 @@ class ReasonerConfig:
             raise UsageError(f"model.guidance must be one of {', '.join(GUIDANCE)}, got {self.guidance!r}")
         if self.target_reveal < 0:
             raise UsageError(f"model.target_reveal must be at least 0, got {self.target_reveal}")
+        if not 0 <= self.prior_share < 1:
+            raise UsageError(f"model.prior_share must be in [0, 1), got {self.prior_share}")
+        if self.prior_share and self.guidance != "posterior":
+            raise UsageError("model.prior_share needs a posterior to share with (model.guidance posterior)")
         if self.guided_transitions not in GUIDED_TRANSITIONS:
             raise UsageError(
                 f"model.guided_transitions must be one of {', '.join(GUIDED_TRANSITIONS)}, "

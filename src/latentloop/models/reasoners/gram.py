@@ -36,6 +36,14 @@ drawn once per sample, as a masked diffusion model unmasks its cells, so the tar
 and the prior has each step's choices to learn given those made before (measured in docs/reasoners.md,
 "Unconditional samples"). This is latentloop's option, not the paper's.
 
+Training decodes posterior noise and inference prior noise, and a small model can lean on the posterior so
+much that its training accuracy says little about its samples (N-Queens 10x10: 65-75% of the training puzzles
+solved with the posterior, 3-4% of the held-out ones with one sample from the prior). ``config.prior_share = s``
+trains a share ``s`` of the samples, drawn once per sample, on the prior's noise for their whole trajectory, as
+inference runs, with no KL charged: the remedy of the conditional VAE's authors (Sohn et al. 2015, "Learning
+Structured Output Representation using Deep Conditional Generative Models"), whose hybrid objective mixes the
+CVAE's loss with that of the same network fed prior noise (their GSNN). Also latentloop's option.
+
 The paper's ablation (Section 4.4: full model; "without stochastic guidance"; "stochasticity only") is
 ``config.guidance``. The excerpt names the variants without defining them; the readings here:
 
@@ -132,6 +140,8 @@ class GRAMReasoner(Reasoner):
                 self.config.target_reveal, (x.shape[0], self.config.positions), device=x.device
             )
             carry |= {"reveal_at": reveal, "step": torch.zeros(x.shape[0], dtype=torch.long, device=x.device)}
+        if self.config.prior_share:  # the samples that train on the prior's noise, drawn once per sample
+            carry["unguided"] = torch.rand(x.shape[0], device=x.device) < self.config.prior_share
         return carry
 
     def transition(
@@ -142,9 +152,11 @@ class GRAMReasoner(Reasoner):
         rope: torch.Tensor,
         e_y: torch.Tensor | None,
         temperature: float = 1.0,
+        unguided: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One transition: ``(h, l, kl)``; the posterior is used when the target embedding ``e_y`` is given,
-        the prior's ``σ`` (or the fixed ``σ₀`` of ``guidance="none"``) scaled by ``temperature`` otherwise."""
+        the prior's ``σ`` (or the fixed ``σ₀`` of ``guidance="none"``) scaled by ``temperature`` otherwise.
+        The rows marked ``unguided`` ([B] bool) draw from the prior even when ``e_y`` is given, and their KL is 0."""
         for _ in range(self.config.inner):
             l = self.f_L(l, h + e_x, rope)  # noqa: E741
         u = self.f_H(h, l, rope)
@@ -160,6 +172,10 @@ class GRAMReasoner(Reasoner):
                 assert self.posterior is not None
                 mu, std = self.posterior(u + e_y)
                 kl = balanced_kl(mu, std, mu_p, std_p, self.config.kl_balance)
+                if unguided is not None:
+                    rows = unguided.view(-1, *[1] * (u.dim() - 1))
+                    mu, std = torch.where(rows, mu_p, mu), torch.where(rows, std_p, std)
+                    kl = kl.masked_fill(unguided, 0.0)
         eps = mu + std * torch.randn_like(std)  # reparameterised: the gradient reaches μ and σ
         return u + eps.to(u.dtype), l, kl
 
@@ -180,15 +196,18 @@ class GRAMReasoner(Reasoner):
             e_y = self.target_embed(label_tokens(target).long())
         if e_y is not None and self.config.prefix_len:  # the puzzle-embedding positions have no target
             e_y = F.pad(e_y, (0, 0, self.config.prefix_len, 0))
-        revealed = {}
+        per_sample = {}  # what each sample keeps from step to step besides the state
         if "reveal_at" in carry:
             if e_y is not None:
                 e_y = e_y * (carry["reveal_at"] <= carry["step"][:, None]).unsqueeze(-1).to(e_y.dtype)
-            revealed = {"reveal_at": carry["reveal_at"], "step": carry["step"] + 1}
+            per_sample = {"reveal_at": carry["reveal_at"], "step": carry["step"] + 1}
+        if "unguided" in carry:
+            per_sample["unguided"] = carry["unguided"]
+        unguided = carry.get("unguided") if e_y is not None else None
         h, l = carry["h"], carry["l"]  # noqa: E741
         e_y_early = e_y if self.config.guided_transitions == "all" else None
         with torch.no_grad():
             for _ in range(self.config.cycles - 1):
-                h, l, _ = self.transition(h, l, e_x, rope, e_y_early, temperature)  # noqa: E741
-        h, l, kl = self.transition(h, l, e_x, rope, e_y, temperature)  # noqa: E741
-        return {"h": h.detach(), "l": l.detach(), **revealed}, self.readout(h, kl)
+                h, l, _ = self.transition(h, l, e_x, rope, e_y_early, temperature, unguided)  # noqa: E741
+        h, l, kl = self.transition(h, l, e_x, rope, e_y, temperature, unguided)  # noqa: E741
+        return {"h": h.detach(), "l": l.detach(), **per_sample}, self.readout(h, kl)
