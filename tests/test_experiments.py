@@ -92,6 +92,24 @@ def test_a_rerun_that_measures_nothing_keeps_the_machine_that_measured(tmp_path,
     assert "another machine" in (out / "report.md").read_text()
 
 
+def test_a_table_assembled_in_parts_names_where_and_when_each_model_trained(tmp_path):
+    path, out = str(write_experiment(tmp_path)), tmp_path / "out"
+    first = run_experiment(load_experiment(path), out, progress=False, log=lambda _: None)
+    for row in first["models"].values():
+        assert row["train"]["date"] == first["date"] and row["train"]["cpu"] == first["machine"]["cpu"]
+    assert "Trained in parts" not in (out / "report.md").read_text()
+    # trm's folder comes from another sitting; gram is evaluated again here.
+    trm = json.loads((out / "trm" / "train.json").read_text())
+    (out / "trm" / "train.json").write_text(json.dumps({**trm, "date": "2026-01-01", "cpu": "another CPU"}))
+    (out / "gram" / "eval.json").unlink()
+    run_experiment(load_experiment(path), out, progress=False, log=lambda _: None)
+    here = f"{first['date']} ({first['machine']['cpu'] or 'CPU not recorded'})"
+    assert (
+        f"Trained in parts: gram on {here}; trm on 2026-01-01 (another CPU)."
+        in (out / "report.md").read_text()
+    )
+
+
 def test_results_name_their_files_relative_to_the_output_folder_and_the_experiment(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     path = write_experiment(tmp_path)

@@ -87,6 +87,22 @@ def schedule_sentence(results: dict[str, Any]) -> str:
     )
 
 
+def parts_sentence(results: dict[str, Any]) -> str:
+    """Where some models were trained on another date or CPU than the run that wrote ``results`` (a table
+    assembled in parts): which models, when and where; empty when all were trained by that run."""
+    own = (results["date"], results["machine"].get("cpu"))
+    groups: dict[tuple[str, str | None], list[str]] = {}
+    for name, row in results["models"].items():
+        train = row["train"]
+        groups.setdefault((train.get("date", own[0]), train.get("cpu", own[1])), []).append(name)
+    if list(groups) == [own]:
+        return ""
+    parts = "; ".join(
+        f"{', '.join(names)} on {date} ({cpu or 'CPU not recorded'})" for (date, cpu), names in groups.items()
+    )
+    return f" Trained in parts: {parts}."
+
+
 def report_heading(results: dict[str, Any], details: str, command: str | None) -> list[str]:
     """The lines every report starts with: title, description, where and how it was measured (``details``
     ends that sentence), the command."""
@@ -105,7 +121,7 @@ def report_heading(results: dict[str, Any], details: str, command: str | None) -
         results["description"],
         "",
         f"Measured on {results['date']} ({cpu}{machine_['cpus']} CPUs, torch {machine_['torch']}, "
-        f"{machine_['device']}); {schedule_sentence(results)}{together}{details}.",
+        f"{machine_['device']}); {schedule_sentence(results)}{together}{details}.{parts_sentence(results)}",
     ]
     return lines + (["", f"Command: `{command}`"] if command else [])
 

@@ -4,6 +4,7 @@ into its folder with its summary in ``train.json``."""
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
@@ -18,6 +19,7 @@ from latentloop.experiments.kinds import get_kind
 from latentloop.experiments.spec import Experiment, ModelSpec
 from latentloop.experiments.store import read_json, write_json
 from latentloop.models.recurrent_depth import RecurrentDepthLM
+from latentloop.runtime import cpu_description
 from latentloop.train.loop import TrainResult, train
 from latentloop.train.run_config import build_reasoner_config, build_run_config
 
@@ -194,6 +196,9 @@ def train_model(
         "torch_threads": torch.get_num_threads(),
         "precision": result.precision,
         "final_loss": result.losses[-1] if result.losses else None,
+        # Where and when: a table assembled from runs made on several machines names each one's
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
+        "cpu": cpu_description(),
     }
     write_json(folder / "train.json", summary)
     return summary
