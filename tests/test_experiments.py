@@ -181,6 +181,20 @@ def test_interrupted_model_resumes_from_its_checkpoint(tmp_path):
     assert [m["step"] for m in metrics if m["kind"] == "train"] == [1, 2, 3]  # batch 3 only was added
 
 
+def test_a_model_trained_to_its_end_before_the_run_keeps_its_final_loss(tmp_path):
+    from latentloop.train.loop import train
+
+    experiment = load_experiment(str(write_experiment(tmp_path)))
+    gram = experiment.models[0]
+    config = build_reasoner_config(yaml.safe_load(gram.config.read_text()))
+    train(config, tmp_path / "out" / "gram")  # the whole schedule, outside the experiment
+    results = run_experiment(experiment, tmp_path / "out", progress=False, log=lambda _: None)
+    metrics = [json.loads(x) for x in (tmp_path / "out" / "gram" / "metrics.jsonl").read_text().splitlines()]
+    last = [m for m in metrics if m["kind"] == "train"][-1]
+    assert last["step"] == results["models"]["gram"]["train"]["step"] == 3
+    assert results["models"]["gram"]["train"]["final_loss"] == last["loss"]
+
+
 def test_budget_is_split_between_models(tmp_path):
     experiment = load_experiment(str(write_experiment(tmp_path)))
     results = run_experiment(
@@ -315,7 +329,14 @@ SHIPPED_SCHEDULES = {
         "fast-recipe": 9500,
     },
     "sudoku-scaling": {"trm": 230, "gram": 330},
-    "sudoku9": {"trm-seed-0": 3300, "gram-seed-0": 3175, "trm-seed-1": 3300, "gram-seed-1": 3175},
+    "sudoku9": {
+        "trm-seed-0": 3300,
+        "gram-seed-0": 3175,
+        "trm-seed-1": 3300,
+        "gram-seed-1": 3175,
+        "gram-hybrid-seed-0": 3175,
+        "gram-hybrid-seed-1": 3175,
+    },
     "sudoku9-ablation": dict.fromkeys(["full", "no-guidance", "stochasticity-only"], 5350),
     "sudoku-time": {
         "paper-recursion": 125,

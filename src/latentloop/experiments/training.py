@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import json
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
@@ -143,6 +144,23 @@ def pace_line(
     return line
 
 
+def last_logged_loss(folder: Path) -> float | None:
+    """The last training loss ``folder/metrics.jsonl`` logged (the mean of its log window): the final loss of
+    a run resumed from its last checkpoint, which trains no step itself."""
+    path = folder / "metrics.jsonl"
+    if not path.is_file():
+        return None
+    losses = []
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if record.get("kind") == "train" and isinstance(record.get("loss"), (int, float)):
+            losses.append(float(record["loss"]))
+    return losses[-1] if losses else None
+
+
 def train_model(
     spec: ModelSpec,
     folder: Path,
@@ -195,7 +213,7 @@ def train_model(
         "train_minutes": round(result.elapsed_s / 60, 2),
         "torch_threads": torch.get_num_threads(),
         "precision": result.precision,
-        "final_loss": result.losses[-1] if result.losses else None,
+        "final_loss": result.losses[-1] if result.losses else last_logged_loss(folder),
         # Where and when: a table assembled from runs made on several machines names each one's
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
         "cpu": cpu_description(),
