@@ -224,6 +224,65 @@ _S9_SCALE = (
     "schedules of 3,300 (TRM) and 3,175 (GRAM, 3 low-level updates per step) batches on one CPU core each"
 )
 
+_HYBRID = "GRAM trained a quarter on the prior's noise (model.prior_share 0.25, latentloop's option)"
+
+
+def _width_vs_depth(claim_id: str, gram: str, who: str) -> Claim:
+    """Width beats depth on sudoku9: the GRAM models ``{gram}-seed-0/1`` (named ``who``) against TRM."""
+    return Claim(
+        id=claim_id,
+        family=HARD,
+        text=f"Width beats depth: 20 samples of {who} beat TRM's best depth, at any inference FLOPs, by 5 points",
+        paper="Sudoku-Extreme: GRAM with 20 samples at 16 steps 97.0, TRM at 320 steps 90.5 (8.48 against 8.19 "
+        "TFLOPs per puzzle)",
+        source=_S9,
+        measures={
+            **{
+                f"gram{seed}_wide": _pct(
+                    _s9(f"{gram}-seed-{seed}", "width,steps=8,samples=20"),
+                    _s9(f"{gram}-seed-{seed}", "width,steps=16,samples=20"),
+                    reduce="max",
+                )
+                for seed in (0, 1)
+            },
+            **{f"trm{seed}_best": _pct(_s9(f"trm-seed-{seed}", "depth"), reduce="max") for seed in (0, 1)},
+            "trm_320": _pct(_s9("trm-seed-0", "depth,steps=320")),
+            "gram_flops": _m(_s9(f"{gram}-seed-0", "width,steps=16,samples=20,select=vote", "flops")),
+            "trm_flops": _m(_s9("trm-seed-0", "depth,steps=320", "flops")),
+        },
+        figure="GRAM, 20 samples at 8 or 16 steps, best selection: seed 0 {gram0_wide:.1f}, seed 1 {gram1_wide:.1f}; "
+        "TRM's best depth {trm0_best:.1f} / {trm1_best:.1f} (320 steps, seed 0: {trm_320:.1f}); FLOPs per puzzle "
+        "{gram_flops:sci} (GRAM, 16 steps) and {trm_flops:sci} (TRM, 320)",
+        scale=_S9_SCALE + "; GRAM's trained depth is 8, the paper's 16",
+        rule=Rule(
+            (_c("gram0_wide", ">=", "trm0_best", 5), _c("gram1_wide", ">=", "trm1_best", 5)),
+            (_c("gram0_wide", ">", "trm0_best"), _c("gram1_wide", ">", "trm1_best")),
+        ),
+        section="sudoku9",
+    )
+
+
+def _gram_learns(claim_id: str, gram: str, who: str) -> Claim:
+    """On sudoku9, one sample of the GRAM models ``{gram}-seed-0/1`` (named ``who``) against TRM's trajectory."""
+    return Claim(
+        id=claim_id,
+        family=HARD,
+        text=f"9x9 Sudoku: one sample of {who} is within 2 points of TRM or above, at its trained depth",
+        paper="GRAM's training costs no accuracy against TRM's (GRAM 97.0, TRM 87.4)",
+        source=_S9,
+        measures={
+            **{f"trm{seed}": _pct(_s9(f"trm-seed-{seed}", "depth,steps=8")) for seed in (0, 1)},
+            **{f"gram{seed}": _pct(_s9(f"{gram}-seed-{seed}", "depth,steps=8")) for seed in (0, 1)},
+            "trm_flops": _m("models.trm-seed-0.train.flops"),
+            "gram_flops": _m(f"models.{gram}-seed-0.train.flops"),
+        },
+        figure="at 8 steps, seed 0 / 1: GRAM {gram0:.1f} / {gram1:.1f}, TRM {trm0:.1f} / {trm1:.1f}",
+        scale=_S9_SCALE + "; training FLOPs GRAM {gram_flops:sci}, TRM {trm_flops:sci}",
+        rule=Rule((_c("gram0", ">=", "trm0", -2), _c("gram1", ">=", "trm1", -2))),
+        section="sudoku9",
+    )
+
+
 CLAIMS: tuple[Claim, ...] = (
     # ---------------------------------------------------------------- recurrent depth (Huginn)
     Claim(
@@ -688,54 +747,10 @@ CLAIMS: tuple[Claim, ...] = (
         ),
         section="sudoku9",
     ),
-    Claim(
-        id="sudoku-width-vs-depth",
-        family=HARD,
-        text="Width beats depth: GRAM's 20 samples beat TRM's best depth, at any inference FLOPs, by 5 points",
-        paper="Sudoku-Extreme: GRAM with 20 samples at 16 steps 97.0, TRM at 320 steps 90.5 (8.48 against 8.19 "
-        "TFLOPs per puzzle)",
-        source=_S9,
-        measures={
-            **{
-                f"gram{seed}_wide": _pct(
-                    _s9(f"gram-seed-{seed}", "width,steps=8,samples=20"),
-                    _s9(f"gram-seed-{seed}", "width,steps=16,samples=20"),
-                    reduce="max",
-                )
-                for seed in (0, 1)
-            },
-            **{f"trm{seed}_best": _pct(_s9(f"trm-seed-{seed}", "depth"), reduce="max") for seed in (0, 1)},
-            "trm_320": _pct(_s9("trm-seed-0", "depth,steps=320")),
-            "gram_flops": _m(_s9("gram-seed-0", "width,steps=16,samples=20,select=vote", "flops")),
-            "trm_flops": _m(_s9("trm-seed-0", "depth,steps=320", "flops")),
-        },
-        figure="GRAM, 20 samples at 8 or 16 steps, best selection: seed 0 {gram0_wide:.1f}, seed 1 {gram1_wide:.1f}; "
-        "TRM's best depth {trm0_best:.1f} / {trm1_best:.1f} (320 steps, seed 0: {trm_320:.1f}); FLOPs per puzzle "
-        "{gram_flops:sci} (GRAM, 16 steps) and {trm_flops:sci} (TRM, 320)",
-        scale=_S9_SCALE + "; GRAM's trained depth is 8, the paper's 16",
-        rule=Rule(
-            (_c("gram0_wide", ">=", "trm0_best", 5), _c("gram1_wide", ">=", "trm1_best", 5)),
-            (_c("gram0_wide", ">", "trm0_best"), _c("gram1_wide", ">", "trm1_best")),
-        ),
-        section="sudoku9",
-    ),
-    Claim(
-        id="sudoku9-gram-learns",
-        family=HARD,
-        text="9x9 Sudoku: GRAM's one sample is within 2 points of TRM or above, at its trained depth",
-        paper="GRAM's training costs no accuracy against TRM's (GRAM 97.0, TRM 87.4)",
-        source=_S9,
-        measures={
-            **{f"trm{seed}": _pct(_s9(f"trm-seed-{seed}", "depth,steps=8")) for seed in (0, 1)},
-            **{f"gram{seed}": _pct(_s9(f"gram-seed-{seed}", "depth,steps=8")) for seed in (0, 1)},
-            "trm_flops": _m("models.trm-seed-0.train.flops"),
-            "gram_flops": _m("models.gram-seed-0.train.flops"),
-        },
-        figure="at 8 steps, seed 0 / 1: GRAM {gram0:.1f} / {gram1:.1f}, TRM {trm0:.1f} / {trm1:.1f}",
-        scale=_S9_SCALE + "; training FLOPs GRAM {gram_flops:sci}, TRM {trm_flops:sci}",
-        rule=Rule((_c("gram0", ">=", "trm0", -2), _c("gram1", ">=", "trm1", -2))),
-        section="sudoku9",
-    ),
+    _width_vs_depth("sudoku-width-vs-depth", "gram", "GRAM"),
+    _width_vs_depth("sudoku-width-vs-depth-prior-share", "gram-hybrid", _HYBRID),
+    _gram_learns("sudoku9-gram-learns", "gram", "GRAM"),
+    _gram_learns("sudoku9-gram-prior-share-learns", "gram-hybrid", _HYBRID),
     Claim(
         id="ptrm",
         family=HARD,
