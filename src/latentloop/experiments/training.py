@@ -214,7 +214,7 @@ def train_model(
         "torch_threads": torch.get_num_threads(),
         "precision": result.precision,
         "final_loss": result.losses[-1] if result.losses else last_logged_loss(folder),
-        # Where and when: a table assembled from runs made on several machines names each one's
+        # Where and when it trained: a report assembled from runs made on several machines names each
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
         "cpu": cpu_description(),
     }
