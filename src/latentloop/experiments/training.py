@@ -150,15 +150,15 @@ def last_logged_loss(folder: Path) -> float | None:
     path = folder / "metrics.jsonl"
     if not path.is_file():
         return None
-    losses = []
+    last = None
     for line in path.read_text().splitlines():
         try:
             record = json.loads(line)
         except json.JSONDecodeError:
             continue
         if record.get("kind") == "train" and isinstance(record.get("loss"), (int, float)):
-            losses.append(float(record["loss"]))
-    return losses[-1] if losses else None
+            last = float(record["loss"])
+    return last
 
 
 def train_model(

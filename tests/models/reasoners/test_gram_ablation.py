@@ -214,7 +214,7 @@ def test_prior_share_trains_its_unguided_samples_on_the_prior_and_charges_them_n
     assert torch.equal(after["unguided"], carry["unguided"])  # kept for the sample's whole trajectory
 
 
-def test_prior_share_marks_about_its_share_of_the_samples_once() -> None:
+def test_prior_share_marks_about_its_share_of_the_samples() -> None:
     inputs = torch.randint(1, 5, (4000, 6), generator=torch.Generator().manual_seed(0))
     torch.manual_seed(0)
     unguided = tiny_gram("posterior", prior_share=0.25).initial_carry({"inputs": inputs})["unguided"]
