@@ -2,8 +2,8 @@
 # Trains the small models shipped in src/latentloop/resources/pretrained/ and copies them into the package.
 # The shipped files are the final checkpoints of three runs: TRM of `latentloop run sudoku-scaling` and
 # GRAM's long N-Queens run (configs/nqueens8-gram-long.yaml, docs/RESULTS.md, with the value head `latentloop
-# fit-value` fitted to its samples), both stopped at their time budgets, and TRM seed 0 of `latentloop run
-# sudoku9` (its whole schedule). Each command below replays exactly the
+# fit-value` fitted to its samples), both stopped at their time budgets, and GRAM gram-hybrid-seed-0 of
+# `latentloop run sudoku9` (its whole schedule). Each command below replays exactly the
 # batches its run trained (`--stop-at`, the same config, seed and learning-rate schedule; training is
 # deterministic on one machine and thread count, and resumes exactly), without depending on how fast the
 # machine is. The N-Queens model takes about four hours on two cores.
@@ -28,20 +28,21 @@ ship() {  # RUN NAME: the run's newest checkpoint (config.json, EMA weights, a f
   train.warmup_steps=100 train.steps=2000
 ship runs/pretrained/sudoku6-trm sudoku6-trm
 
-# 9x9 Sudoku: TRM seed 0 of `latentloop run sudoku9` at 36 clues, the tier before the experiment's 30 (3,300
-# batches on one thread), chosen on the validation split over GRAM, and solved the PTRM way by default (solve.yaml: noise on its latent state, 20 samples at 8
-# steps, answered by vote).
-OMP_NUM_THREADS=1 .venv/bin/latentloop train --config configs/sudoku9-trm.yaml --out runs/pretrained/sudoku9-trm \
-  train.eval_every=0 train.seed=0 task.clues=36
-ship runs/pretrained/sudoku9-trm sudoku9-trm
-cat > src/latentloop/resources/pretrained/sudoku9-trm/solve.yaml <<'YAML'
-# The setting `latentloop solve sudoku PUZZLE` uses with this model, chosen on the 500 validation puzzles
-# (latentloop eval RUN --split validation --width-depths 4,8,16 --samples-grid 1,5,10,20 --state-noise 0.3):
-# 99.8% by vote; one trajectory without noise solves 88.6% at 8 steps.
-steps: 8
+# 9x9 Sudoku: GRAM seed 0 with a quarter of its training samples on the prior's noise (gram-hybrid-seed-0 of
+# `latentloop run sudoku9`: the medium tier, 3,175 batches on one thread), chosen on the validation splits over
+# TRM (trained at 36 clues, shipped before it) and over the hybrid's seed 1, and solved with 20 samples answered
+# by its value head (solve.yaml; the steps keep one puzzle under a second on 2 cores).
+OMP_NUM_THREADS=1 .venv/bin/latentloop train --config configs/sudoku9-gram.yaml --out runs/pretrained/sudoku9-gram \
+  train.eval_every=0 train.seed=0 model.inner=3 train.steps=3175 model.prior_share=0.25
+ship runs/pretrained/sudoku9-gram sudoku9-gram
+cat > src/latentloop/resources/pretrained/sudoku9-gram/solve.yaml <<'YAML'
+# The setting `latentloop solve sudoku PUZZLE` uses with this model, chosen on the 500 validation puzzles of the
+# medium tier (latentloop eval RUN --split validation --samples 20 --steps 32 --select value): by the value head,
+# 20 samples solve 61.8% at 8 steps, 74.6% at 16 and 81.0% at 32; 16 steps keep one puzzle under a second on
+# 2 cores (latentloop bench solve_latency). On the easy tier at 36 clues this setting solves 99.8%.
+steps: 16
 samples: 20
-select: vote
-state_noise: 0.3
+select: value
 YAML
 
 # N-Queens 8x8: GRAM, the 15,380 batches its long run trained in 235 minutes, then its value head fitted to

@@ -29,7 +29,7 @@ SUDOKU9 = "8.6.54.7.92.78....1.....43...1.4.8..45..671..7.2....9....3.52.15.72.8
 
 def test_sudoku_and_nqueens_models_ship():
     assert {"sudoku", "nqueens"} <= set(SHIPPED)
-    assert {"sudoku6-trm", "sudoku9-trm"} <= set(VARIANTS)  # one Sudoku model per puzzle size
+    assert {"sudoku6-trm", "sudoku9-gram"} <= set(VARIANTS)  # one Sudoku model per puzzle size
 
 
 @pytest.mark.parametrize("name", sorted(VARIANTS))
@@ -54,8 +54,9 @@ def test_a_shipped_model_solves_most_held_out_puzzles(name):
         puzzles.setdefault(np.asarray(puzzle).tobytes(), puzzle)
         if len(puzzles) == 20:
             break
+    setting = {"samples": 4, **pretrained_solve_settings(folder)}  # the setting `solve` ships with, if any
     torch.manual_seed(0)  # the samples' noise: the count must not depend on what ran before
-    solved = [solve_puzzle(str(folder), the_task, p, samples=4, model_task=spec)[2] for p in puzzles.values()]
+    solved = [solve_puzzle(str(folder), the_task, p, model_task=spec, **setting)[2] for p in puzzles.values()]
     assert np.mean(solved) >= 0.5, solved
 
 
@@ -84,10 +85,10 @@ def test_a_puzzle_of_another_size_than_the_shipped_models_is_a_usage_error(capsy
 
 
 def test_a_9x9_puzzle_is_solved_by_the_9x9_model_at_the_setting_it_ships_with(capsys):
-    """The shipped 9x9 model answers with its solve.yaml (noisy samples answered by vote); options given on
-    the command line take precedence over it."""
-    shipped = pretrained_solve_settings(VARIANTS["sudoku9-trm"])
-    assert shipped["samples"] > 1 and shipped["state_noise"] > 0
+    """The shipped 9x9 model answers with its solve.yaml (GRAM's samples ranked by its value head); options
+    given on the command line take precedence over it."""
+    shipped = pretrained_solve_settings(VARIANTS["sudoku9-gram"])
+    assert shipped["samples"] > 1 and shipped["select"] == "value"
     assert main(["solve", "sudoku", SUDOKU9, "--json"]) == 0
     payload = json.loads(capsys.readouterr().out)
     assert payload["valid"] and payload["samples"] == shipped["samples"]

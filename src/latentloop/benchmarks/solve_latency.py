@@ -1,6 +1,6 @@
 """How long `latentloop solve` takes with a shipped model: the command, one call, and each test-time setting.
 
-    latentloop bench solve_latency [--model sudoku9-trm] [--puzzles 8] [--repeats 3] [--threads 2] [--output FILE]
+    latentloop bench solve_latency [--model sudoku9-gram] [--puzzles 8] [--repeats 3] [--threads 2] [--output FILE]
 
 On held-out puzzles of the shipped model's task (its test split), three times, each the median over puzzles:
 
@@ -48,7 +48,7 @@ def _median_seconds(run, repeats: int) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="sudoku9-trm", help="a shipped model's folder name")
+    parser.add_argument("--model", default="sudoku9-gram", help="a shipped model's folder name")
     parser.add_argument("--puzzles", type=int, default=8, help="held-out puzzles")
     parser.add_argument(
         "--repeats", type=int, default=3, help="command runs per puzzle (the first 2 puzzles)"

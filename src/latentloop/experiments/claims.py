@@ -273,10 +273,16 @@ def _gram_learns(claim_id: str, gram: str, who: str) -> Claim:
         measures={
             **{f"trm{seed}": _pct(_s9(f"trm-seed-{seed}", "depth,steps=8")) for seed in (0, 1)},
             **{f"gram{seed}": _pct(_s9(f"{gram}-seed-{seed}", "depth,steps=8")) for seed in (0, 1)},
+            **{
+                f"{who}{seed}_best": _pct(_s9(f"{model}-seed-{seed}", "depth"), reduce="max")
+                for who, model in (("trm", "trm"), ("gram", gram))
+                for seed in (0, 1)
+            },
             "trm_flops": _m("models.trm-seed-0.train.flops"),
             "gram_flops": _m(f"models.{gram}-seed-0.train.flops"),
         },
-        figure="at 8 steps, seed 0 / 1: GRAM {gram0:.1f} / {gram1:.1f}, TRM {trm0:.1f} / {trm1:.1f}",
+        figure="at 8 steps, seed 0 / 1: GRAM {gram0:.1f} / {gram1:.1f}, TRM {trm0:.1f} / {trm1:.1f}; at each "
+        "model's best measured depth GRAM {gram0_best:.1f} / {gram1_best:.1f}, TRM {trm0_best:.1f} / {trm1_best:.1f}",
         scale=_S9_SCALE + "; training FLOPs GRAM {gram_flops:sci}, TRM {trm_flops:sci}",
         rule=Rule((_c("gram0", ">=", "trm0", -2), _c("gram1", ">=", "trm1", -2))),
         section="sudoku9",
