@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -149,3 +150,32 @@ def test_draw_marks_attacked_queens_red_and_dropped_givens() -> None:
     plt.close(fig)
     red, blue = to_hex("tab:red"), to_hex("tab:blue")
     assert drawn == {(0, 0): red, (1, 1): red, (2, 3): blue, (3, 3): red}
+
+
+def _logits_for(task: Q.NQueensTask, board: np.ndarray, confidence: float = 3.0) -> torch.Tensor:
+    """Logits ``[1, n*n, 3]`` whose most likely answer is ``board``."""
+    tokens = torch.from_numpy(task.encode(board).astype(np.int64))
+    logits = torch.zeros(1, task.seq_len, 3)
+    logits[0, torch.arange(task.seq_len), tokens] = confidence
+    return logits
+
+
+def test_nearest_completion_is_the_likeliest_completion_that_keeps_the_givens() -> None:
+    task = get_task("nqueens", n=8)
+    solutions = Q.all_solutions(8)
+    given = Q.board_from_columns(solutions[0]) & (np.arange(8) == 0)[:, None]  # the first row's queen
+    completions = task.completions_of(np.where(np.arange(8) == 0, solutions[0][0], -1))
+    assert len(completions) >= 2
+    inputs = torch.from_numpy(task.encode(given).astype(np.int64))[None]
+    # An answer one queen off a completion: the nearest completion is that one.
+    wanted = Q.board_from_columns(completions[1])
+    near = wanted.copy()
+    row = 3
+    near[row] = np.roll(near[row], 1)
+    chosen = task.nearest_completion(inputs, _logits_for(task, near))[0].numpy()
+    assert np.array_equal(chosen, task.encode(wanted))
+    # A solution that drops the given queen is never chosen, however likely.
+    elsewhere = next(s for s in solutions if s[0] != solutions[0][0])
+    chosen = task.nearest_completion(inputs, _logits_for(task, Q.board_from_columns(elsewhere), 50.0))[0]
+    assert chosen.numpy()[solutions[0][0]] == Q.QUEEN
+    assert task.verify(given, task.decode(chosen.numpy()))

@@ -11,6 +11,7 @@ import torch
 from safetensors.torch import load_file
 from torch._dynamo.utils import counters
 
+from latentloop.data.labels import IGNORE_LABEL
 from latentloop.errors import UsageError
 from latentloop.models.reasoners import build_reasoner
 from latentloop.nn import Block
@@ -20,6 +21,7 @@ from latentloop.train.deep_supervision import (
     SLOTS_FILE,
     HaltedReplacement,
     model_noise_seed,
+    nearest_labels,
     stablemax_log_probs,
 )
 from latentloop.train.loop import train
@@ -251,3 +253,40 @@ def test_data_seed_keeps_the_puzzles_while_the_training_seed_changes(tmp_path):
     assert data_files(tmp_path / "a") == data_files(tmp_path / "b")  # the same train and test puzzles
     assert data_files(tmp_path / "b") != data_files(tmp_path / "c")  # train.seed alone draws another split
     assert runs["a"].losses != runs["b"].losses  # and the training itself follows its own seed
+
+
+def test_nearest_target_teaches_a_prior_sample_the_completion_it_chose_and_leaves_the_others_their_label():
+    task = get_task("nqueens", n=6)  # 4 solutions; a board with no queen given has them all as completions
+    solutions = [task.encode(board).astype(np.int64) for board in task.solutions(np.zeros((6, 6), bool))]
+    inputs = torch.full((3, 36), 1)
+    labels = torch.from_numpy(np.stack([solutions[0]] * 3))
+    labels[2, :4] = IGNORE_LABEL
+    logits = torch.zeros(3, 36, 3).scatter_(
+        -1, torch.from_numpy(solutions[2])[None, :, None].expand(3, 36, 1), 4.0
+    )
+    unguided = torch.tensor([True, False, True])
+    taught = nearest_labels(task, inputs, labels, logits, unguided)
+    assert torch.equal(taught[0], torch.from_numpy(solutions[2]))  # the answer it was heading for
+    assert torch.equal(taught[1], labels[1])  # guided by the posterior: its own label
+    assert torch.equal(taught[2, 4:], torch.from_numpy(solutions[2][4:]))
+    assert (taught[2, :4] == IGNORE_LABEL).all()  # unscored cells stay unscored
+
+
+@pytest.mark.parametrize(
+    ("arch", "model", "task", "message"),
+    [
+        ("gram", {}, TINY["task"], r"needs GRAM samples on the prior's noise \(model\.prior_share > 0\)"),
+        ("trm", {}, TINY["task"], "needs GRAM samples on the prior's noise"),
+        ("gram", {"prior_share": 0.25}, {"name": "sudoku", "box": "2x2"}, "'sudoku' does not"),
+    ],
+)
+def test_nearest_target_is_refused_where_it_means_nothing(tmp_path, arch, model, task, message):
+    run = {
+        **TINY,
+        "task": task,
+        "model": {**TINY["model"], **model},
+        "train": {**TINY["train"], "nearest_target": True},
+    }
+    with pytest.raises(UsageError, match=message):
+        train(build_reasoner_config(run, arch=arch), tmp_path / "run")
+    assert not (tmp_path / "run" / "data").exists()  # refused before the dataset is built

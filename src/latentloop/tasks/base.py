@@ -59,6 +59,9 @@ class Task(ABC):
     image_answers: bool = False
     #: :meth:`draw` can draw an answer.
     drawable: bool = False
+    #: :meth:`nearest_completion` lists every valid answer of a puzzle and picks the likeliest
+    #: (``train.nearest_target``).
+    lists_completions: bool = False
     #: :meth:`train_batch` and :meth:`heldout_batches` feed the recurrent-depth language model.
     trains_language_model: bool = False
     #: :meth:`label_work` counts the sequential steps each training label needs (``train.work_per_iteration``).
@@ -163,6 +166,12 @@ class Task(ABC):
         raise UsageError(f"task {self.name!r} has no exact solver (it is solved with --model)")
 
     # -- unconditional generation ----------------------------------------------------------------------------
+    def nearest_completion(self, inputs: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        """The label tokens ``[B, L]`` of each puzzle's valid answer that is likeliest under ``logits``
+        ``[B, L, V]`` (the sum of its tokens' log-probabilities), among the answers that keep the givens of
+        ``inputs`` ``[B, L]``; only where :attr:`lists_completions`."""
+        raise UsageError(f"task {self.name!r} cannot list the valid answers of its puzzles")
+
     def blank(self) -> Any:
         """The all-unknown puzzle whose valid answers are the task's unconditional samples (``has_blank``)."""
         raise UsageError(f"task {self.name!r} has no blank puzzle to sample from (try digits or sudoku)")

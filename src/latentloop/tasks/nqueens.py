@@ -16,13 +16,16 @@ import functools
 import itertools
 import re
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from latentloop.data.augment import dihedral
 from latentloop.errors import UsageError
 from latentloop.tasks.base import ExactSolution, Task
+
+if TYPE_CHECKING:
+    import torch
 
 PAD, EMPTY, QUEEN = 0, 1, 2
 _QUEEN_CHARS, _EMPTY_CHARS = "Qq1", ".0"
@@ -90,6 +93,13 @@ def count_solutions(n: int) -> int:
     return len(enumerate_solutions(n))
 
 
+@functools.cache
+def _solution_tokens(n: int) -> np.ndarray:
+    """Every solution of the empty ``n x n`` board as queen/empty token rows ``[S, n*n]`` (int64)."""
+    boards = np.stack([board_from_columns(columns) for columns in all_solutions(n)])
+    return np.where(boards.reshape(len(boards), -1), QUEEN, EMPTY).astype(np.int64)
+
+
 def board_from_columns(columns: tuple[int, ...] | np.ndarray) -> np.ndarray:
     """The boolean board with a queen at ``(row, columns[row])`` in every row."""
     n = len(columns)
@@ -151,6 +161,7 @@ class NQueensTask(Task):
     name = "nqueens"
     multi_solution = True
     drawable = True
+    lists_completions = True
 
     def __init__(self, n: int | str | None = None, k: str | list[int] | None = None) -> None:
         self.n_given = n is not None
@@ -192,6 +203,18 @@ class NQueensTask(Task):
         """Solutions ``[C, n]`` (columns) that keep the queens of ``partial`` (columns, -1 for none)."""
         sols = all_solutions(self.n)
         return sols[((sols == partial) | (partial < 0)).all(axis=1)]
+
+    def nearest_completion(self, inputs: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        """Each board's completion (among every solution of the board that keeps its queens) with the highest
+        log-probability under ``logits``, as queen/empty tokens ``[B, n*n]``."""
+        import torch
+
+        solutions = torch.from_numpy(_solution_tokens(self.n)).to(inputs.device)  # [S, n*n]
+        is_queen = (solutions == QUEEN).to(logits.dtype)
+        log_probs = torch.log_softmax(logits, -1)
+        likelihood = log_probs[..., QUEEN] @ is_queen.T + log_probs[..., EMPTY] @ (1 - is_queen).T  # [B, S]
+        dropped_a_given = (inputs == QUEEN).to(logits.dtype) @ (1 - is_queen).T > 0
+        return solutions[likelihood.masked_fill(dropped_a_given, float("-inf")).argmax(-1)]
 
     def examples(self, split: str, seed: int = 0) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """``(input board, completion board)`` for every unique input of ``split`` and each of its completions."""

@@ -81,6 +81,14 @@ class DeepSupervision(Objective):
 
     def setup(self) -> None:
         config, ctx = self.config, self.ctx
+        if self.tc.nearest_target and not (config.arch == "gram" and config.model.prior_share > 0):
+            raise UsageError(
+                "train.nearest_target needs GRAM samples on the prior's noise (model.prior_share > 0)"
+            )
+        if self.tc.nearest_target and not self.task.lists_completions:
+            raise UsageError(
+                f"train.nearest_target needs a task that lists every valid answer; {self.task.name!r} does not"
+            )
         if ctx.is_main:  # rank 0 builds OUT/data (once) before the other ranks read it
             self.data = task_data(config, self.task, self.out)
         dist.barrier(ctx)
@@ -146,6 +154,10 @@ class DeepSupervision(Objective):
                 weights = step_weights(tc.step_weight_decay, depth.n_sup, samples.step_index(n))
             with self.autocast(), recursion(model, depth):
                 carry, output = model(carry, batch, target=labels)
+                if tc.nearest_target:
+                    labels = nearest_labels(
+                        self.task, batch["inputs"], labels, output.logits, carry["unguided"]
+                    )
                 target_q = None
                 if self.config.model.halting == "q-learning":
                     target_q = next_step_continue_target(model, carry, batch, labels, last)
@@ -410,6 +422,18 @@ class HaltedReplacement(FixedBatches):
 
 
 # Loss ----------------------------------------------------------------------------------------------------------
+@torch.no_grad()
+def nearest_labels(
+    task: Task, inputs: torch.Tensor, labels: torch.Tensor, logits: torch.Tensor, unguided: torch.Tensor
+) -> torch.Tensor:
+    """``labels`` with the rows marked ``unguided`` ``[B]`` replaced by their puzzle's valid answer likeliest
+    under ``logits`` (:meth:`~latentloop.tasks.base.Task.nearest_completion`; unscored positions stay unscored):
+    a sample whose noise came from the prior is taught to finish the answer it chose, not the label's."""
+    nearest = task.nearest_completion(inputs, logits.detach().float())
+    replace = unguided[:, None] & (labels != IGNORE_LABEL)
+    return torch.where(replace, nearest, labels)
+
+
 def stablemax_log_probs(logits: torch.Tensor) -> torch.Tensor:
     """Log-probabilities under stable-max (TRM): ``s(x) = x + 1`` for ``x >= 0`` else ``1 / (1 - x)``."""
     s = torch.where(logits >= 0, logits + 1, 1 / (1 - logits.clamp(max=0)))

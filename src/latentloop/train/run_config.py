@@ -143,6 +143,9 @@ class ReasonerTrainConfig(TrainConfig):
     # run, and the decay of the supervision steps' loss weights (1: all alike).
     curriculum: list[CurriculumStage] = field(default_factory=list)
     step_weight_decay: float = 1.0
+    # GRAM's samples on the prior's noise (model.prior_share) learn the puzzle's valid answer likeliest under
+    # their own prediction instead of the one label they were drawn with (tasks that list every valid answer)
+    nearest_target: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
