@@ -16,16 +16,14 @@ import functools
 import itertools
 import re
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
+import torch
 
 from latentloop.data.augment import dihedral
 from latentloop.errors import UsageError
 from latentloop.tasks.base import ExactSolution, Task
-
-if TYPE_CHECKING:
-    import torch
 
 PAD, EMPTY, QUEEN = 0, 1, 2
 _QUEEN_CHARS, _EMPTY_CHARS = "Qq1", ".0"
@@ -207,8 +205,6 @@ class NQueensTask(Task):
     def nearest_completion(self, inputs: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         """Each board's completion (among every solution of the board that keeps its queens) with the highest
         log-probability under ``logits``, as queen/empty tokens ``[B, n*n]``."""
-        import torch
-
         solutions = torch.from_numpy(_solution_tokens(self.n)).to(inputs.device)  # [S, n*n]
         is_queen = (solutions == QUEEN).to(logits.dtype)
         log_probs = torch.log_softmax(logits, -1)
