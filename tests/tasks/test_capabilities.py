@@ -50,6 +50,7 @@ def test_defaults_of_a_task_that_declares_nothing() -> None:
         "image_answers",
         "drawable",
         "trains_language_model",
+        "lists_completions",
     )
     assert not any(getattr(task, flag) for flag in flags)
     assert (task.seq_len, task.vocab_size, task.metric) == (0, 0, None)
@@ -63,6 +64,7 @@ def test_defaults_of_a_task_that_declares_nothing() -> None:
         lambda: task.images("train"),
         lambda: task.train_batch(0, 4),
         lambda: task.heldout_batches(4),
+        lambda: task.nearest_completion(None, None),
     ):
         with pytest.raises(UsageError, match="'parity'"):
             call()
@@ -111,6 +113,7 @@ def test_the_declared_capabilities_of_each_task() -> None:
                 "puzzle_embeddings",
                 "has_blank",
                 "image_answers",
+                "lists_completions",
             )
             if getattr(task_class(name), flag)
         }
@@ -122,7 +125,7 @@ def test_the_declared_capabilities_of_each_task() -> None:
         "permutations": set(),
         "text": set(),
         "sudoku": {"has_blank"},
-        "nqueens": {"multi_solution"},
+        "nqueens": {"multi_solution", "lists_completions"},
         "graph-coloring": {"multi_solution", "reports_conflicts"},
         "arc-agi-1": {"puzzle_embeddings"},
         "arc-agi-2": {"puzzle_embeddings"},

@@ -165,13 +165,13 @@ class Task(ABC):
         or with ``list_all`` every one of them (at most ``limit``). Default: the task has none."""
         raise UsageError(f"task {self.name!r} has no exact solver (it is solved with --model)")
 
-    # -- unconditional generation ----------------------------------------------------------------------------
     def nearest_completion(self, inputs: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         """The label tokens ``[B, L]`` of each puzzle's valid answer that is likeliest under ``logits``
         ``[B, L, V]`` (the sum of its tokens' log-probabilities), among the answers that keep the givens of
         ``inputs`` ``[B, L]``; only where :attr:`lists_completions`."""
         raise UsageError(f"task {self.name!r} cannot list the valid answers of its puzzles")
 
+    # -- unconditional generation ----------------------------------------------------------------------------
     def blank(self) -> Any:
         """The all-unknown puzzle whose valid answers are the task's unconditional samples (``has_blank``)."""
         raise UsageError(f"task {self.name!r} has no blank puzzle to sample from (try digits or sudoku)")
