@@ -108,6 +108,15 @@ def test_a_table_assembled_in_parts_names_where_and_when_each_model_trained(tmp_
         f"Trained in parts: gram on {here}; trm on 2026-01-01 (another CPU)."
         in (out / "report.md").read_text()
     )
+    # A record written before records named their date and CPU is not taken for this run's.
+    del trm["date"], trm["cpu"]
+    (out / "trm" / "train.json").write_text(json.dumps(trm))
+    (out / "gram" / "eval.json").unlink()
+    run_experiment(load_experiment(path), out, progress=False, log=lambda _: None)
+    assert (
+        f"Trained in parts: gram on {here}; trm in an earlier run (date and CPU not recorded)."
+        in (out / "report.md").read_text()
+    )
 
 
 def test_results_name_their_files_relative_to_the_output_folder_and_the_experiment(tmp_path, monkeypatch):
@@ -293,7 +302,7 @@ SHIPPED_SCHEDULES = {
     "arc-agi-1": {"trm": 27, "gram": 49},
     "default": {"gram": 5000, "trm": 2750},
     "digits": {"gram": 790, "gram-seed-1": 790, "mdlm": 9356},
-    "graph-coloring10": {"gram": 5190, "trm": 3230, "ar": 15300, "mdlm": 32450},
+    "graph-coloring10": {"gram": 5190, "gram-seed-1": 5190, "trm": 3230, "ar": 15300, "mdlm": 32450},
     "graph-coloring8": {
         "direct": 2000,
         "looped": 600,

@@ -91,14 +91,20 @@ def parts_sentence(results: dict[str, Any]) -> str:
     """Where some models were trained on another date or CPU than the run that wrote ``results`` (a table
     assembled in parts): which models, when and where; empty when all were trained by that run."""
     own = (results["date"], results["machine"].get("cpu"))
-    groups: dict[tuple[str, str | None], list[str]] = {}
-    for name, row in results["models"].items():
-        train = row["train"]
-        groups.setdefault((train.get("date", own[0]), train.get("cpu", own[1])), []).append(name)
+    trains = {name: row["train"] for name, row in results["models"].items()}
+    if not any("date" in train for train in trains.values()):
+        return ""  # written before models recorded where they trained: one run, as far as anyone can tell
+    groups: dict[tuple[str | None, str | None], list[str]] = {}
+    for name, train in trains.items():
+        # A record without a date was written before records had one: an earlier run than this one.
+        groups.setdefault((train.get("date"), train.get("cpu")), []).append(name)
     if list(groups) == [own]:
         return ""
     parts = "; ".join(
-        f"{', '.join(names)} on {date} ({cpu or 'CPU not recorded'})" for (date, cpu), names in groups.items()
+        f"{', '.join(names)} on {date} ({cpu or 'CPU not recorded'})"
+        if date
+        else f"{', '.join(names)} in an earlier run (date and CPU not recorded)"
+        for (date, cpu), names in groups.items()
     )
     return f" Trained in parts: {parts}."
 
