@@ -290,3 +290,12 @@ def test_nearest_target_is_refused_where_it_means_nothing(tmp_path, arch, model,
     with pytest.raises(UsageError, match=message):
         train(build_reasoner_config(run, arch=arch), tmp_path / "run")
     assert not (tmp_path / "run" / "data").exists()  # refused before the dataset is built
+
+
+def test_training_with_nearest_targets_takes_another_path_than_the_labels(tmp_path):
+    """The prior-noise samples' labels are replaced inside the training step: the run trains, and its losses
+    part from those of the same run on the drawn labels."""
+    plain = train(config(model={"prior_share": 0.5}), tmp_path / "plain")
+    nearest = train(config(model={"prior_share": 0.5}, nearest_target=True), tmp_path / "nearest")
+    assert len(nearest.losses) == len(plain.losses) and all(math.isfinite(x) for x in nearest.losses)
+    assert nearest.losses[0] != plain.losses[0]
