@@ -283,8 +283,8 @@ def _gram_learns(claim_id: str, gram: str, who: str) -> Claim:
             **{f"trm{seed}": _pct(_s9(f"trm-seed-{seed}", "depth,steps=8")) for seed in (0, 1)},
             **{f"gram{seed}": _pct(_s9(f"{gram}-seed-{seed}", "depth,steps=8")) for seed in (0, 1)},
             **{
-                f"{who}{seed}_best": _pct(_s9(f"{model}-seed-{seed}", "depth"), reduce="max")
-                for who, model in (("trm", "trm"), ("gram", gram))
+                f"{key}{seed}_best": _pct(_s9(f"{model}-seed-{seed}", "depth"), reduce="max")
+                for key, model in (("trm", "trm"), ("gram", gram))
                 for seed in (0, 1)
             },
             "trm_flops": _m("models.trm-seed-0.train.flops"),
