@@ -180,19 +180,68 @@ def greedy_as_the_reference(model: OuroLM, ids: torch.Tensor, tokens: int, steps
 
 @pytest.mark.parametrize("threshold", [0.3, 0.6, 0.9])
 def test_gate_full_gives_the_reference_tokens_and_gate_saves_steps(threshold):
-    """gate-full computes every step (the cache the reference has) and reads each token at its exit: the
-    reference's tokens. gate stops at the exit: fewer steps, and later tokens attend to a cache without the
-    skipped steps."""
+    """gate-full computes every step a later token attends to (the cache the reference has) and reads each token
+    at its exit: the reference's tokens, batched. gate stops at the exit: fewer steps, and later tokens attend
+    to a cache without the skipped steps."""
     model = tiny()
     ids = torch.randint(0, 64, (2, 4))
     reference = greedy_as_the_reference(model, ids, 8, 6, threshold)
     full = generate(model, ids, max_new_tokens=8, num_steps=6, exit=f"gate-full:{threshold}")
     assert torch.equal(full.sequences, reference)
-    assert bool((full.steps == 6).all())  # nothing saved
     skipping = generate(model, ids, max_new_tokens=8, num_steps=6, exit=f"gate:{threshold}")
     assert skipping.mean_steps < 6
     without_gate = generate(model, ids, max_new_tokens=8, num_steps=6).sequences
     assert not torch.equal(reference, without_gate)  # the exit changes the answer, so the check can fail
+
+
+@pytest.mark.parametrize("threshold", [0.3, 0.6])
+def test_gate_full_chooses_each_token_at_its_exit_and_runs_the_later_steps_with_the_next_tokens(
+    threshold, monkeypatch
+):
+    """Each token waits only for the passes up to its exit (the official rule on a full-depth forward of the
+    same sequence); its later steps run as extra positions of the next tokens' passes once a later token
+    reaches them, so every step a chosen token depends on is computed and the tokens are the reference's."""
+    model = tiny()
+    ids = torch.randint(0, 64, (1, 4))
+    calls = []
+    original = model.core_step
+    monkeypatch.setattr(
+        model, "core_step", lambda state, *a: calls.append(state.shape[1]) or original(state, *a)
+    )
+    out = generate(model, ids, max_new_tokens=8, num_steps=6, exit=f"gate-full:{threshold}")
+    monkeypatch.undo()
+    assert torch.equal(out.sequences, greedy_as_the_reference(model, ids, 8, 6, threshold))
+    exits = []
+    for t in range(1, 8):  # token t was chosen after the pass of the token before it
+        full = model(out.sequences[:, : ids.shape[1] + t], num_steps=6, return_trajectory=True).trajectory
+        exits.append(gate_rule_by_hand(model, [full[i][:, -1:] for i in range(6)], threshold))
+    assert out.passes.tolist() == [6, *exits]
+    assert out.mean_passes < 6
+    prefill = 6
+    assert len(calls) == prefill + sum(exits)  # one core call per pass
+    # steps: the iterations each position ran in the end, at least up to its exit; every one was computed once
+    assert all(s >= p for s, p in zip(out.steps[0].tolist(), out.passes.tolist(), strict=True))
+    assert sum(calls[prefill:]) == int(out.steps[0, 1:].sum())
+    assert (max(calls[prefill:]) > 1) == (
+        out.steps[0, 1:] > out.passes[1:]
+    ).any()  # deferred steps rode along
+
+
+def test_gate_full_defers_on_prepacked_weights_and_not_where_it_would_change_the_answer():
+    model = tiny()
+    ids = torch.randint(0, 64, (2, 4))
+    plain = generate(model, ids, max_new_tokens=6, num_steps=6, exit="gate-full:0.6")
+    packed = generate(model, ids, max_new_tokens=6, num_steps=6, exit="gate-full:0.6", prepack=True)
+    assert torch.equal(packed.sequences, plain.sequences) and packed.mean_passes < 6
+    # A trajectory needs every step of a token at once; shared slots would let a deferred step overwrite one
+    # that a later token's earlier step still reads.
+    for options in ({"return_trajectory": True}, {"kv_share": 2}):
+        out = generate(model, ids, max_new_tokens=6, num_steps=6, exit="gate-full:0.6", **options)
+        assert out.passes is None and out.mean_passes == 6
+    trajectory = generate(
+        model, ids, max_new_tokens=6, num_steps=6, exit="gate-full:0.6", return_trajectory=True
+    )
+    assert torch.equal(trajectory.sequences, plain.sequences)
 
 
 def test_gate_takes_the_config_threshold_and_lower_thresholds_exit_earlier():
@@ -238,6 +287,10 @@ def test_generate_command_on_an_ouro_folder(tmp_path, capsys):
     assert main([*args, "--exit", "gate:0.5", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert len(report["tokens"]) <= 4 and report["mean_iterations_per_token"] <= 6
+    assert main([*args, "--exit", "gate-full:0.3", "--json"]) == 0
+    full = json.loads(capsys.readouterr().out)
+    assert full["mean_passes_per_token"] <= full["mean_iterations_per_token"] <= 6
+    assert full["mean_passes_per_token"] < 6
 
 
 def test_harness_model_scores_ouro_as_its_forward_pass(tmp_path):

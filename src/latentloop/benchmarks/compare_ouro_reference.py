@@ -19,8 +19,9 @@ with a strict ``load_state_dict``. It reports, as one JSON object:
   against the official ``generate`` with its cache, as medians of
   interleaved repeats, with the ratio and whether the tokens agree; and with the exit gate at a threshold, our
   ``exit="gate:t"`` (the steps after the exit skipped) and ``exit="gate-full:t"`` (every step computed, as
-  the official code does) against the official ``early_exit_threshold=t``: tokens, the mean core steps we
-  compute per token, and the speed ratio. ``--batch B`` decodes B prompts at once. Beside them, at each depth,
+  the official code does, each token's steps after its exit run in the next tokens' passes; also prepacked)
+  against the official ``early_exit_threshold=t``: tokens, the mean core steps we compute per token, the
+  mean core passes a token waits for, and the speed ratio. ``--batch B`` decodes B prompts at once. Beside them, at each depth,
   the weight products alone: every linear layer of the stack applied once per step and the head once, to B
   rows, one eager ``F.linear`` call each, and nothing else (no attention, norms or cache). At batch 1 these
   are matrix-vector products that read every weight from memory once per step, most of what decoding costs,
@@ -372,6 +373,7 @@ def speed(modeling: types.ModuleType, args: Any) -> dict[str, Any]:
         runners = {
             "latentloop_gate": ours_fn(steps, exit=f"gate:{t}"),
             "latentloop_gate_full": ours_fn(steps, exit=f"gate-full:{t}"),
+            "latentloop_gate_full_prepacked": ours_fn(steps, exit=f"gate-full:{t}", prepack=True),
             "official_generate": theirs_fn(ref),
         }
         outputs = {name: fn() for name, fn in runners.items()}
@@ -382,13 +384,14 @@ def speed(modeling: types.ModuleType, args: Any) -> dict[str, Any]:
                 times[name].append(timed(fn)[0])
         medians = {name: statistics.median(v) for name, v in times.items()}
         row = {"steps": steps, "core_steps_official": steps}
-        for name in ("latentloop_gate", "latentloop_gate_full"):
+        for name in ("latentloop_gate", "latentloop_gate_full", "latentloop_gate_full_prepacked"):
             mine = outputs[name]
             agreement = (mine.sequences[:, args.prompt_len :] == theirs[:, args.prompt_len :]).float().mean()
             row[name] = {
                 "same_tokens_as_official": bool(torch.equal(mine.sequences, theirs)),
                 "token_agreement": round(float(agreement), 4),
                 "mean_core_steps": round(mine.mean_steps, 3),
+                "mean_core_passes": round(mine.mean_passes, 3),
                 "speedup_vs_official": round(medians["official_generate"] / medians[name], 3),
             }
         result["gate"][str(t)] = row

@@ -27,7 +27,8 @@ def generate(
         None,
         "--exit",
         help="Per-token early exit, e.g. kl:5e-4, entropy-diff:1e-3, latent-diff:0.03, cosine; Ouro: gate:0.9 "
-        "(skips the steps after the exit) or gate-full:0.9 (computes them, as the official code).",
+        "(skips the steps after the exit) or gate-full:0.9 (computes them, as the official code, after the "
+        "token is chosen).",
     ),
     kv_share: int = typer.Option(
         None, "--kv-share", help="Core KV-cache slots (iteration i uses slot i mod k)."
@@ -150,6 +151,7 @@ def generate(
             "compile": compile_steps,
             "prepack": prepack,
             **({"sweeps": out.sweeps} if out.sweeps is not None else {}),
+            **({"mean_passes_per_token": round(out.mean_passes, 3)} if out.passes is not None else {}),
         }
         typer.echo(json.dumps(result))
     else:

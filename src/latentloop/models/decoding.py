@@ -56,6 +56,9 @@ class GenerationOutput:
     votes: torch.Tensor | None = None
     sweeps: int | None = None  # the parallel sampler's wave sweeps
     logits: torch.Tensor | None = None
+    # [n]: core passes run, one after another, before each new token was chosen, where they differ from
+    # ``steps`` (a decoder that defers a token's iterations after its exit; see SequentialDecoding)
+    passes: torch.Tensor | None = None
 
     @property
     def new_tokens(self) -> int:
@@ -68,6 +71,13 @@ class GenerationOutput:
     @property
     def mean_steps(self) -> float:
         return float(self.steps.float().mean()) if self.steps.numel() else 0.0
+
+    @property
+    def mean_passes(self) -> float:
+        """Sequential core passes per new token: ``passes``' mean where recorded, else :attr:`mean_steps`."""
+        if self.passes is None:
+            return self.mean_steps
+        return float(self.passes.float().mean()) if self.passes.numel() else 0.0
 
 
 class DecodingStrategy:
@@ -175,7 +185,16 @@ class _Sequences:
 
 
 class SequentialDecoding(DecodingStrategy):
-    """One token after another, each with up to ``depth`` core iterations of its own."""
+    """One token after another, each with up to ``depth`` core iterations of its own.
+
+    A criterion that computes every step (``gate-full``) reads each token at its exit step, but later tokens
+    attend to every step of it. Eager decoding defers those later steps: the token is chosen once it exits,
+    and its remaining iterations run in the passes of the tokens after it, as extra positions of the same
+    products (:class:`_DeferredSteps`), when a later token first runs the same iteration. Every step a chosen
+    token depends on is computed, with the same inputs, so the tokens are the same; a step no later token
+    reaches is never computed, and a token waits only for its own exit. At a few rows decoding is bound by
+    reading the weights, which a pass reads once however many positions it carries.
+    """
 
     def decode(
         self,
@@ -195,10 +214,11 @@ class SequentialDecoding(DecodingStrategy):
         criterion = config.criterion()
         if criterion is not None:
             criterion.bind(model)
+        deferred = _DeferredSteps() if self._defers(model, criterion, seq) else None
         batch = seq.ids.shape[0]
         stops = torch.tensor(list(config.stop_tokens or []), device=seq.device, dtype=torch.long)
         finished = torch.zeros(batch, dtype=torch.bool, device=seq.device)
-        spent, trajectories, chosen_from = [], [], []
+        spent, trajectories, chosen_from, passes = [], [], [], []
         if criterion is not None and criterion.at_prefill and seq.cache is not None:
             logits, state = seq.full_forward_exit(criterion)
         else:
@@ -211,6 +231,8 @@ class SequentialDecoding(DecodingStrategy):
             token = torch.where(finished, torch.full_like(token, config.pad_token_id), token)
             seq.append(token)
             spent.append(used)
+            if deferred is not None:  # the first token comes from the prompt's pass at full depth
+                passes.append(deferred.last_round if t else depth)
             if stops.numel():
                 finished |= torch.isin(token, stops)
             if bool(finished.all()) or t == config.max_new_tokens - 1:
@@ -221,14 +243,72 @@ class SequentialDecoding(DecodingStrategy):
             warm = (
                 state if config.continuous else None
             )  # continuous thought: start from the last token's state
+            if deferred is not None:
+                logits, state = self._next_token_deferred(seq, pieces, token, criterion, deferred)
+                continue
             logits, state, used, trajectory = self._next_token(seq, pieces, token, criterion, warm)
             if trajectory is not None:
                 trajectories.append(trajectory)
         spent_tensor = torch.stack(spent, dim=1) if spent else torch.zeros(batch, 0, dtype=torch.long)
         out = GenerationOutput(seq.ids, spent_tensor, 0.0, trajectories)
+        if deferred is not None:
+            out.passes = torch.tensor(passes, dtype=torch.long)
+            # A deferred iteration counts once it ran: one a later token never reached was never computed.
+            ran = torch.tensor([depth, *deferred.iterations(depth)], dtype=torch.long, device=seq.device)
+            out.steps = ran[: len(spent)].expand(batch, -1)
         if config.return_logits:
             out.logits = torch.stack(chosen_from, dim=1)
         return out
+
+    def _defers(self, model: RecurrentDepthLM, criterion: ExitCriterion | None, seq: _Sequences) -> bool:
+        """Whether the iterations after a token's exit can wait for the next tokens' passes: a criterion that
+        computes every step, eager decoding with one cache slot per iteration, and a loop whose iterations read
+        nothing but their own state (no injected input, no coda writing the cache after the exit)."""
+        config, loop = self.config, model.loop
+        return (
+            criterion is not None
+            and criterion.computes_every_step
+            and seq.cache is not None
+            and not (config.compile or config.return_trajectory or config.continuous)
+            and config.kv_share is None
+            and not (loop.input_injection or loop.coda or loop.prelude)
+        )
+
+    def _next_token_deferred(
+        self,
+        seq: _Sequences,
+        pieces: _EagerPieces,
+        token: torch.Tensor,
+        criterion: ExitCriterion,
+        deferred: _DeferredSteps,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One new token, read at its exit step, with the deferred iterations of the positions before it run
+        in the same passes: the next logits [B, V] and the chosen state [B, 1, h]."""
+        model, cache, depth = seq.model, seq.cache, seq.depth
+        position = cache.length
+        ctx = model.context(1, seq.mask, cache=cache)
+        embeds = pieces.embed(token[:, None], ctx)
+        state = model.initialize_state(embeds, seq.init_scale)
+        criterion.reset()
+        active = torch.ones(token.shape[0], dtype=torch.bool, device=seq.device)
+        chosen = state
+        for i in range(depth):
+            # Positions before this one that have run exactly i iterations run their next one alongside it.
+            behind = deferred.behind(i)
+            rows = torch.cat([deferred.states[:, -behind:], state], dim=1) if behind else state
+            step_ctx = model.context(behind + 1, seq.mask, cache=cache, start=position - behind)
+            out = pieces.core(rows, rows, step_ctx, i)  # no injected input (see _defers): embeds unused
+            deferred.advance(out[:, :-1], behind)
+            state = out[:, -1:]
+            exited = active if i == depth - 1 else criterion.check(state, None) & active
+            chosen = torch.where(exited[:, None, None], state, chosen)
+            active &= ~exited
+            if not bool(active.any()):
+                deferred.push(state, i + 1, depth)
+                break
+        logits = pieces.predict(chosen, ctx)
+        cache.advance(1)
+        return logits[:, -1], chosen
 
     def _next_token(
         self,
@@ -290,6 +370,50 @@ class SequentialDecoding(DecodingStrategy):
         logits = pieces.predict(state, ctx)
         cache.advance(1)
         return logits[:, -1], state, used, (torch.stack(trajectory) if keep else None)
+
+
+class _DeferredSteps:
+    """The positions whose later iterations are still to run: their states ``[B, P, h]`` (the last P
+    positions before the current one) after ``progress`` iterations each. Every row has run the same
+    iterations at a position (a pass runs until every row's token has exited), and ``progress`` never
+    increases along the positions, so the positions that have run exactly i iterations are always the last
+    ones: the next pass writes iteration i's cache slot from the first of them on, after the positions that
+    already hold it."""
+
+    def __init__(self) -> None:
+        self.states: torch.Tensor | None = None
+        self.progress: list[int] = []
+        self.last_round = 0  # passes the last token ran before it was chosen
+        self.finished = 0  # positions that have run every iteration and left
+
+    def behind(self, iteration: int) -> int:
+        """How many of the last positions have run exactly ``iteration`` iterations."""
+        count = 0
+        for done in reversed(self.progress):
+            if done != iteration:
+                break
+            count += 1
+        return count
+
+    def advance(self, states: torch.Tensor, count: int) -> None:
+        """The last ``count`` positions ran one more iteration and reached ``states``."""
+        if count:
+            self.states[:, -count:] = states
+            self.progress[-count:] = [done + 1 for done in self.progress[-count:]]
+
+    def push(self, state: torch.Tensor, done: int, depth: int) -> None:
+        """The new position, after ``done`` iterations; positions that ran all ``depth`` leave."""
+        self.last_round = done
+        self.states = state if self.states is None else torch.cat([self.states, state], dim=1)
+        self.progress.append(done)
+        finished = sum(1 for p in self.progress if p == depth)
+        if finished:
+            self.states, self.progress = self.states[:, finished:], self.progress[finished:]
+            self.finished += finished
+
+    def iterations(self, depth: int) -> list[int]:
+        """The iterations each position pushed so far has run, in order."""
+        return [depth] * self.finished + self.progress
 
 
 class _EagerPieces:

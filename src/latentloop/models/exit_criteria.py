@@ -253,8 +253,11 @@ class ExitGate(ExitCriterion):
 @register_exit_criterion("gate-full")
 class ExitGateFull(ExitGate):
     """The exit gate as the reference runs it: every step is computed for every token, and each token is read
-    from the step where its cumulative exit probability reaches the threshold. The same tokens as the reference
-    at no saving; ``gate`` skips the steps after the exit instead, so later tokens attend to a cache without
-    them and may differ."""
+    from the step where its cumulative exit probability reaches the threshold. The same tokens as the reference;
+    eager sequential decoding chooses each token at its exit and runs its later steps in the next tokens'
+    passes, once one of them needs them (:class:`~latentloop.models.decoding.SequentialDecoding`), so a
+    token waits only for its exit.
+    ``gate`` skips the steps after the exit instead, so later tokens attend to a cache without them and may
+    differ."""
 
     computes_every_step = True

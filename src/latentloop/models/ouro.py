@@ -253,10 +253,12 @@ class OuroLM(nn.Module):
         position_ids: torch.Tensor | None = None,
         cache: RecurrentKVCache | None = None,
         rows: torch.Tensor | None = None,
+        start: int | None = None,
     ) -> StepContext:
-        """Positions and mask for ``length`` new tokens after what ``cache`` holds (left padding is exact)."""
+        """Positions and mask for ``length`` new tokens after what ``cache`` holds, or from ``start`` (left
+        padding is exact)."""
         return step_context(
-            self.rope, self.embedding.weight.device, length, attention_mask, position_ids, cache, rows
+            self.rope, self.embedding.weight.device, length, attention_mask, position_ids, cache, rows, start
         )
 
     def embed(self, input_ids: torch.Tensor, ctx: StepContext) -> torch.Tensor:

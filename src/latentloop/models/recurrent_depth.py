@@ -183,13 +183,17 @@ def step_context(
     position_ids: torch.Tensor | None = None,
     cache: RecurrentKVCache | None = None,
     rows: torch.Tensor | None = None,
+    start: int | None = None,
 ) -> StepContext:
     """Positions and mask for ``length`` new tokens after what ``cache`` holds, rotated by ``rope``.
 
     ``attention_mask`` ([B, past + length], 1 = token, 0 = padding) masks padded keys; positions then count
-    only real tokens, so a left-padded row sees exactly what it would alone.
+    only real tokens, so a left-padded row sees exactly what it would alone. ``start``: the position of the
+    first of them, where it is not the cache's length (a decoder that finishes earlier positions' iterations
+    later writes them at their own positions).
     """
-    start = cache.length if cache is not None else 0
+    if start is None:
+        start = cache.length if cache is not None else 0
     mask = None
     if attention_mask is not None:
         attention_mask = attention_mask.to(device=device, dtype=torch.bool)
@@ -286,10 +290,19 @@ class RecurrentDepthLM(PushToHub, nn.Module):
         position_ids: torch.Tensor | None = None,
         cache: RecurrentKVCache | None = None,
         rows: torch.Tensor | None = None,
+        start: int | None = None,
     ) -> StepContext:
-        """Positions and mask for ``length`` new tokens after what ``cache`` holds (see :func:`step_context`)."""
+        """Positions and mask for ``length`` new tokens after what ``cache`` holds, or from ``start`` (see
+        :func:`step_context`)."""
         return step_context(
-            self.rope, self.transformer.wte.weight.device, length, attention_mask, position_ids, cache, rows
+            self.rope,
+            self.transformer.wte.weight.device,
+            length,
+            attention_mask,
+            position_ids,
+            cache,
+            rows,
+            start,
         )
 
     def embed(self, input_ids: torch.Tensor, ctx: StepContext) -> torch.Tensor:
