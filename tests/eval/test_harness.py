@@ -375,3 +375,40 @@ def test_without_lm_eval_the_command_says_how_to_install_it(run_dir, monkeypatch
 def test_bad_num_steps_is_one_line_and_exit_2(run_dir, value, capsys):
     assert main(["harness", str(run_dir), "--tasks", "tiny_mc", "--num-steps", value]) == 2
     assert "--num-steps" in error_line(capsys)
+
+
+def test_depth_sweep_on_an_ouro_folder_end_to_end(tmp_path, capsys):
+    """The same command on a model in Ouro's official layout, at the depths 1, 2, 4 and 8: every metric is what
+    Ouro's own forward pass and ``generate`` give at that depth."""
+    from latentloop.models.ouro import OuroConfig, OuroLM
+
+    torch.manual_seed(0)
+    config = OuroConfig(
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        vocab_size=TOK.vocab_size,
+        max_position_embeddings=32,
+        initializer_range=0.2,
+    )
+    ouro = OuroLM(config).eval()
+    ouro.save_pretrained(tmp_path / "ouro")
+    docs = write_tasks(tmp_path / "tasks", ouro)
+    depths = (1, 2, 4, 8)
+    args = [
+        "harness",
+        str(tmp_path / "ouro"),
+        "--tasks",
+        "tiny_mc,tiny_gen,tiny_ppl",
+        "--num-steps",
+        "1,2,4,8",
+    ]
+    args += ["--include-path", str(tmp_path / "tasks"), "--bootstrap-iters", "0", "--batch-size", "4"]
+    assert main([*args, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["num_steps"] == list(depths)
+    for depth in depths:
+        for task, value in expected_metrics(ouro, docs, depth).items():
+            assert report["table"][task][str(depth)] == pytest.approx(value, rel=1e-6), (task, depth)
+    assert report["table"]["tiny_ppl"]["1"] != pytest.approx(report["table"]["tiny_ppl"]["8"])
