@@ -74,9 +74,9 @@ class ExitCriterion:
     # new token is read from the step this criterion picks); a criterion that mirrors a model's own inference
     # rule, as the exit gate does, sets it.
     at_prefill: ClassVar[bool] = False
-    # Whether every iteration is still computed after a row exits, the exit choosing only the iteration its
+    # Whether the iterations after a row's exit are still computed, the exit choosing only the iteration its
     # output is read from (the reference's inference with an exit gate): later tokens then attend to the same
-    # cache as in the reference, at no saving in compute.
+    # cache as in the reference. Sequential decoding runs them later, with the tokens that attend to them.
     computes_every_step: ClassVar[bool] = False
 
     def __new__(cls, name: str, threshold: float | None = None) -> ExitCriterion:
