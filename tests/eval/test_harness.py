@@ -18,6 +18,7 @@ from latentloop.errors import UsageError
 from latentloop.models import generation
 from latentloop.models.recurrent_depth import RecurrentDepthLM
 from latentloop.train.checkpoint import latest_checkpoint
+from tests.models.test_ouro import tiny as tiny_ouro
 from tests.tiny import TINY_LM
 
 TOK = ByteTokenizer()
@@ -380,19 +381,7 @@ def test_bad_num_steps_is_one_line_and_exit_2(run_dir, value, capsys):
 def test_depth_sweep_on_an_ouro_folder_end_to_end(tmp_path, capsys):
     """The same command on a model in Ouro's official layout, at the depths 1, 2, 4 and 8: every metric is what
     Ouro's own forward pass and ``generate`` give at that depth."""
-    from latentloop.models.ouro import OuroConfig, OuroLM
-
-    torch.manual_seed(0)
-    config = OuroConfig(
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        vocab_size=TOK.vocab_size,
-        max_position_embeddings=32,
-        initializer_range=0.2,
-    )
-    ouro = OuroLM(config).eval()
+    ouro = tiny_ouro(vocab=TOK.vocab_size)
     ouro.save_pretrained(tmp_path / "ouro")
     docs = write_tasks(tmp_path / "tasks", ouro)
     depths = (1, 2, 4, 8)
