@@ -302,7 +302,7 @@ SHIPPED_SCHEDULES = {
     "arc-agi-1": {"trm": 27, "gram": 49},
     "default": {"gram": 5000, "trm": 2750},
     "digits": {"gram": 790, "gram-seed-1": 790, "mdlm": 9356},
-    "graph-coloring10": {"gram": 5190, "gram-seed-1": 5190, "trm": 3230, "ar": 15300, "mdlm": 32450},
+    "graph-coloring10": {"gram": 7266, "gram-seed-1": 7266, "trm": 3230, "ar": 15300, "mdlm": 32450},
     "graph-coloring8": {
         "direct": 2000,
         "looped": 600,
