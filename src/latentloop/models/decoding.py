@@ -218,7 +218,7 @@ class SequentialDecoding(DecodingStrategy):
         batch = seq.ids.shape[0]
         stops = torch.tensor(list(config.stop_tokens or []), device=seq.device, dtype=torch.long)
         finished = torch.zeros(batch, dtype=torch.bool, device=seq.device)
-        spent, trajectories, chosen_from, passes = [], [], [], []
+        spent, trajectories, chosen_from = [], [], []
         if criterion is not None and criterion.at_prefill and seq.cache is not None:
             logits, state = seq.full_forward_exit(criterion)
         else:
@@ -231,8 +231,6 @@ class SequentialDecoding(DecodingStrategy):
             token = torch.where(finished, torch.full_like(token, config.pad_token_id), token)
             seq.append(token)
             spent.append(used)
-            if deferred is not None:  # the first token comes from the prompt's pass at full depth
-                passes.append(deferred.last_round if t else depth)
             if stops.numel():
                 finished |= torch.isin(token, stops)
             if bool(finished.all()) or t == config.max_new_tokens - 1:
@@ -244,7 +242,7 @@ class SequentialDecoding(DecodingStrategy):
                 state if config.continuous else None
             )  # continuous thought: start from the last token's state
             if deferred is not None:
-                logits, state = self._next_token_deferred(seq, pieces, token, criterion, deferred)
+                logits, state, used = self._next_token_deferred(seq, pieces, token, criterion, deferred)
                 continue
             logits, state, used, trajectory = self._next_token(seq, pieces, token, criterion, warm)
             if trajectory is not None:
@@ -252,7 +250,7 @@ class SequentialDecoding(DecodingStrategy):
         spent_tensor = torch.stack(spent, dim=1) if spent else torch.zeros(batch, 0, dtype=torch.long)
         out = GenerationOutput(seq.ids, spent_tensor, 0.0, trajectories)
         if deferred is not None:
-            out.passes = torch.tensor(passes, dtype=torch.long)
+            out.passes = spent_tensor[0]  # what each token waited for, the same in every row
             # A deferred iteration counts once it ran: one a later token never reached was never computed.
             ran = torch.tensor([depth, *deferred.iterations(depth)], dtype=torch.long, device=seq.device)
             out.steps = ran[: len(spent)].expand(batch, -1)
@@ -281,9 +279,9 @@ class SequentialDecoding(DecodingStrategy):
         token: torch.Tensor,
         criterion: ExitCriterion,
         deferred: _DeferredSteps,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One new token, read at its exit step, with the deferred iterations of the positions before it run
-        in the same passes: the next logits [B, V] and the chosen state [B, 1, h]."""
+        in the same passes: the next logits [B, V], the chosen state [B, 1, h] and the passes run [B]."""
         model, cache, depth = seq.model, seq.cache, seq.depth
         position = cache.length
         ctx = model.context(1, seq.mask, cache=cache)
@@ -308,7 +306,7 @@ class SequentialDecoding(DecodingStrategy):
                 break
         logits = pieces.predict(chosen, ctx)
         cache.advance(1)
-        return logits[:, -1], chosen
+        return logits[:, -1], chosen, torch.full_like(token, i + 1)
 
     def _next_token(
         self,
@@ -383,7 +381,6 @@ class _DeferredSteps:
     def __init__(self) -> None:
         self.states: torch.Tensor | None = None
         self.progress: list[int] = []
-        self.last_round = 0  # passes the last token ran before it was chosen
         self.finished = 0  # positions that have run every iteration and left
 
     def behind(self, iteration: int) -> int:
@@ -403,7 +400,6 @@ class _DeferredSteps:
 
     def push(self, state: torch.Tensor, done: int, depth: int) -> None:
         """The new position, after ``done`` iterations; positions that ran all ``depth`` leave."""
-        self.last_round = done
         self.states = state if self.states is None else torch.cat([self.states, state], dim=1)
         self.progress.append(done)
         finished = sum(1 for p in self.progress if p == depth)
