@@ -15,11 +15,12 @@ with a strict ``load_state_dict``. It reports, as one JSON object:
   against the official ``generate``, without the exit gate and with it (ours ``exit="gate-full:t"`` against
   the official ``early_exit_threshold=t``); target <= 1e-5;
 * ``speed`` (with ``--speed``): greedy decode tokens/s at 4 and 8 steps on a model of hidden 512 and 8 layers,
-  ours (eager; with ``prepack=True``, the linear weights repacked for oneDNN; compiled with ``--compile``)
-  against the official ``generate`` with its cache, as medians of
+  ours (eager; with ``prepack=True``, the linear weights repacked for oneDNN; compiled with ``--compile``; each
+  of the last two also with ``screen_head=True``, the greedy token screened from an fp16 copy of the head) against the official ``generate`` with its cache, as medians of
   interleaved repeats, with the ratio and whether the tokens agree; and with the exit gate at a threshold, our
   ``exit="gate:t"`` (the steps after the exit skipped) and ``exit="gate-full:t"`` (every step computed, as
-  the official code does, each token's steps after its exit run in the next tokens' passes; also prepacked)
+  the official code does, each token's steps after its exit run in the next tokens' passes; also prepacked,
+  and prepacked with the screened head)
   against the official ``early_exit_threshold=t``: tokens, the mean core steps we compute per token, the
   mean core passes a token waits for, and the speed ratio. ``--batch B`` decodes B prompts at once. Beside them, at each depth,
   the weight products alone: every linear layer of the stack applied once per step and the head once, to B
@@ -313,10 +314,21 @@ def speed(modeling: types.ModuleType, args: Any) -> dict[str, Any]:
     }
 
     def ours_fn(
-        steps: int, compiled: bool = False, exit: str | None = None, prepack: bool = False
+        steps: int,
+        compiled: bool = False,
+        exit: str | None = None,
+        prepack: bool = False,
+        screen: bool = False,
     ) -> Callable[[], torch.Tensor]:
         return lambda: generate(
-            ours, prompt, max_new_tokens=n, num_steps=steps, compile=compiled, exit=exit, prepack=prepack
+            ours,
+            prompt,
+            max_new_tokens=n,
+            num_steps=steps,
+            compile=compiled,
+            exit=exit,
+            prepack=prepack,
+            screen_head=screen,
         )
 
     def theirs_fn(ref: Any) -> Callable[[], torch.Tensor]:
@@ -333,10 +345,12 @@ def speed(modeling: types.ModuleType, args: Any) -> dict[str, Any]:
         runners = {
             "latentloop": ours_fn(steps),
             "latentloop_prepacked": ours_fn(steps, prepack=True),
+            "latentloop_prepacked_screened": ours_fn(steps, prepack=True, screen=True),
             "official_generate": theirs_fn(ref),
         }
         if args.compile:
             runners["latentloop_compiled"] = ours_fn(steps, compiled=True)
+            runners["latentloop_compiled_screened"] = ours_fn(steps, compiled=True, screen=True)
         outputs = {name: fn() for name, fn in runners.items()}  # warm-up (and compilation)
         times: dict[str, list[float]] = {name: [] for name in runners}
         for _ in range(args.repeats):  # interleaved, so load on the machine hits every path alike
@@ -374,6 +388,9 @@ def speed(modeling: types.ModuleType, args: Any) -> dict[str, Any]:
             "latentloop_gate": ours_fn(steps, exit=f"gate:{t}"),
             "latentloop_gate_full": ours_fn(steps, exit=f"gate-full:{t}"),
             "latentloop_gate_full_prepacked": ours_fn(steps, exit=f"gate-full:{t}", prepack=True),
+            "latentloop_gate_full_prepacked_screened": ours_fn(
+                steps, exit=f"gate-full:{t}", prepack=True, screen=True
+            ),
             "official_generate": theirs_fn(ref),
         }
         outputs = {name: fn() for name, fn in runners.items()}
@@ -384,7 +401,7 @@ def speed(modeling: types.ModuleType, args: Any) -> dict[str, Any]:
                 times[name].append(timed(fn)[0])
         medians = {name: statistics.median(v) for name, v in times.items()}
         row = {"steps": steps, "core_steps_official": steps}
-        for name in ("latentloop_gate", "latentloop_gate_full", "latentloop_gate_full_prepacked"):
+        for name in (name for name in runners if name != "official_generate"):
             mine = outputs[name]
             agreement = (mine.sequences[:, args.prompt_len :] == theirs[:, args.prompt_len :]).float().mean()
             row[name] = {

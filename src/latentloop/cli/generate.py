@@ -70,6 +70,12 @@ def generate(
         help="Decode through a copy of the model with its linear weights repacked for oneDNN's CPU kernels: "
         "faster eager decoding, at a second copy of those weights.",
     ),
+    screen_head: bool = typer.Option(
+        False,
+        "--screen-head",
+        help="Greedy only: choose each token from an fp16 copy of the output layer, computing in fp32 only the "
+        "logits that can be the largest. The same tokens, reading half the bytes of the largest weight.",
+    ),
     temperature: float = typer.Option(0.0, "--temperature", help="0 is greedy; above 0 samples."),
     top_k: int = typer.Option(None, "--top-k", help="Sample only among the k most likely tokens."),
     top_p: float = typer.Option(None, "--top-p", help="Sample only within this probability mass."),
@@ -118,6 +124,7 @@ def generate(
         else sampler,
         compile=compile_steps,
         prepack=prepack,
+        screen_head=screen_head,
     )
     folder = resolve_checkpoint(resolve_model(model, revision))
     lm = load_looped_lm(folder)
@@ -150,6 +157,7 @@ def generate(
             "sampler": sampler,
             "compile": compile_steps,
             "prepack": prepack,
+            "screen_head": screen_head,
             **({"sweeps": out.sweeps} if out.sweeps is not None else {}),
             **({"mean_passes_per_token": round(out.mean_passes, 3)} if out.passes is not None else {}),
         }

@@ -31,6 +31,7 @@ from latentloop.errors import UsageError
 from latentloop.models.exit_criteria import ExitCriterion
 from latentloop.models.kv_cache import DecodeSlots, RecurrentKVCache
 from latentloop.models.parallel_sampler import parallel_generate
+from latentloop.nn.screened import ScreenedArgmax
 
 if TYPE_CHECKING:  # annotations only: generation imports this module, recurrent_depth imports generation
     from latentloop.models.generation import GenerationConfig
@@ -100,6 +101,7 @@ class DecodingStrategy:
         attention_mask: torch.Tensor | None,
         depth: int,
         choose: Choose,
+        screen: ScreenedArgmax | None = None,
     ) -> GenerationOutput:
         """New tokens after ``input_ids`` [B, T0] at ``depth`` core iterations per token (in inference mode)."""
         raise NotImplementedError
@@ -203,6 +205,7 @@ class SequentialDecoding(DecodingStrategy):
         attention_mask: torch.Tensor | None,
         depth: int,
         choose: Choose,
+        screen: ScreenedArgmax | None = None,
     ) -> GenerationOutput:
         config = self.config
         capacity = self.capacity(input_ids)
@@ -210,7 +213,7 @@ class SequentialDecoding(DecodingStrategy):
             # Few distinct sizes, so few compilations; attention over the unwritten tail is masked.
             capacity = min(model.config.block_size, max(64, 1 << (capacity - 1).bit_length()))
         seq = _Sequences(model, input_ids, attention_mask, depth, config, capacity)
-        pieces = _CompiledPieces(seq) if config.compile else _EagerPieces(model)
+        pieces = _CompiledPieces(seq, screen) if config.compile else _EagerPieces(model, screen)
         criterion = config.criterion()
         if criterion is not None:
             criterion.bind(model)
@@ -304,7 +307,7 @@ class SequentialDecoding(DecodingStrategy):
             if not bool(active.any()):
                 deferred.push(state, i + 1, depth)
                 break
-        logits = pieces.predict(chosen, ctx)
+        logits = pieces.next_logits(chosen, ctx)
         cache.advance(1)
         return logits[:, -1], chosen, torch.full_like(token, i + 1)
 
@@ -365,7 +368,7 @@ class SequentialDecoding(DecodingStrategy):
                     if not bool(active.any()):
                         break
             ctx.rows = None
-        logits = pieces.predict(state, ctx)
+        logits = pieces.next_logits(state, ctx)
         cache.advance(1)
         return logits[:, -1], state, used, (torch.stack(trajectory) if keep else None)
 
@@ -412,11 +415,29 @@ class _DeferredSteps:
         return [depth] * self.finished + self.progress
 
 
-class _EagerPieces:
+class _Pieces:
+    """The pieces of a new token; the next token's logits come through ``screen`` where one is given."""
+
+    screen: ScreenedArgmax | None
+
+    def predict(self, state: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+        raise NotImplementedError
+
+    def head_input(self, state: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+        raise NotImplementedError
+
+    def next_logits(self, state: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+        """The logits the next token is chosen from: all of them, or the screen's (greedy tokens only)."""
+        if self.screen is None:
+            return self.predict(state, ctx)
+        return self.screen.logits(self.head_input(state, ctx))
+
+
+class _EagerPieces(_Pieces):
     """The pieces of a new token as the model's own methods."""
 
-    def __init__(self, model: RecurrentDepthLM) -> None:
-        self.model = model
+    def __init__(self, model: RecurrentDepthLM, screen: ScreenedArgmax | None = None) -> None:
+        self.model, self.screen = model, screen
 
     def context(self, ctx: StepContext, mask: torch.Tensor | None) -> StepContext:
         return ctx
@@ -432,12 +453,15 @@ class _EagerPieces:
     def predict(self, state: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         return self.model.predict(state, ctx)
 
+    def head_input(self, state: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+        return self.model.head_input(state, ctx)
 
-class _CompiledPieces:
+
+class _CompiledPieces(_Pieces):
     """The pieces of a new token as compiled graphs over fixed-size views of the cache."""
 
-    def __init__(self, seq: _Sequences) -> None:
-        self.model, self.cache, self.device = seq.model, seq.cache, seq.device
+    def __init__(self, seq: _Sequences, screen: ScreenedArgmax | None = None) -> None:
+        self.model, self.cache, self.device, self.screen = seq.model, seq.cache, seq.device, screen
         self.graphs = _compiled_steps()
         self.position = torch.zeros(1, dtype=torch.long, device=self.device)  # where a compiled step writes
         self.slot_buffers: dict[int, DecodeSlots] = {}
@@ -477,6 +501,9 @@ class _CompiledPieces:
     def predict(self, state: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         return self.graphs.predict(self.model, state, self._slots(ctx, 0))
 
+    def head_input(self, state: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+        return self.graphs.head_input(self.model, state, self._slots(ctx, 0))
+
 
 def _embed_step(model: RecurrentDepthLM, tokens: torch.Tensor, ctx: StepContext) -> torch.Tensor:
     return model.embed(tokens, ctx)
@@ -492,15 +519,20 @@ def _predict_step(model: RecurrentDepthLM, state: torch.Tensor, ctx: StepContext
     return model.predict(state, ctx)
 
 
+def _head_input_step(model: RecurrentDepthLM, state: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+    return model.head_input(state, ctx)
+
+
 @functools.cache
 def _compiled_steps() -> SimpleNamespace:
-    """The three pieces of a new token, each compiled once per process (graphs are cached by shape)."""
+    """The pieces of a new token, each compiled once per process (graphs are cached by shape)."""
     # cpp_wrapper: the graph's kernels are launched from C++, not from a Python wrapper (1.2-1.3x per token)
     options = dict(fullgraph=True, dynamic=False, options={"cpp_wrapper": True})
     return SimpleNamespace(
         embed=torch.compile(_embed_step, **options),
         core=torch.compile(_core_step, **options),
         predict=torch.compile(_predict_step, **options),
+        head_input=torch.compile(_head_input_step, **options),
     )
 
 
@@ -529,6 +561,7 @@ class SpeculativeDecoding(DecodingStrategy):
         attention_mask: torch.Tensor | None,
         depth: int,
         choose: Choose,
+        screen: ScreenedArgmax | None = None,
     ) -> GenerationOutput:
         config = self.config
         max_new_tokens, init_scale = config.max_new_tokens, config.init_scale
@@ -579,6 +612,7 @@ class ParallelDecoding(DecodingStrategy):
         attention_mask: torch.Tensor | None,
         depth: int,
         choose: Choose,
+        screen: ScreenedArgmax | None = None,
     ) -> GenerationOutput:
         config = self.config
         sequences, steps, sweeps = parallel_generate(

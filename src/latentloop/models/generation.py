@@ -24,6 +24,7 @@ from latentloop.models.decoding import GenerationOutput, decoding_strategy
 from latentloop.models.exit_criteria import EXIT_CRITERIA, ExitCriterion, register_exit_criterion
 from latentloop.models.parallel_sampler import ParallelSampler
 from latentloop.nn.packed import prepacked
+from latentloop.nn.screened import screened_argmax
 
 if TYPE_CHECKING:  # annotations only: recurrent_depth imports this module for RecurrentDepthLM.generate
     from latentloop.models.recurrent_depth import RecurrentDepthLM
@@ -49,6 +50,7 @@ _SEQUENTIAL_ONLY = (
     "use_cache",
     "compile",
     "return_logits",
+    "screen_head",
 )
 
 
@@ -70,7 +72,10 @@ class GenerationConfig:
     model whose linear weights are repacked for oneDNN's CPU kernels (:func:`latentloop.nn.packed.prepacked`):
     faster eager decoding on a CPU (docs/lm.md measures it level with ``compile``), at the memory of a second
     copy of those weights during the call, and with sums in another order (the last bits of the logits
-    differ). ``return_trajectory`` keeps the state after every iteration, ``return_logits`` the logits of every
+    differ). ``screen_head`` chooses each greedy token from an fp16 copy of the output layer, computing in fp32
+    only the logits that can still be the largest (:class:`latentloop.nn.screened.ScreenedArgmax`): the tokens of
+    the full fp32 product, at half the bytes of the largest weight read per token; it needs greedy decoding and
+    no ``return_logits``, and pays off at a few rows (docs/lm.md measures it). ``return_trajectory`` keeps the state after every iteration, ``return_logits`` the logits of every
     chosen token.
 
     Other strategies: ``speculative=d`` drafts ``draft_tokens`` tokens at depth d and verifies them in one
@@ -95,6 +100,7 @@ class GenerationConfig:
     use_cache: bool = True
     compile: bool = False
     prepack: bool = False
+    screen_head: bool = False
     return_trajectory: bool = False
     return_logits: bool = False
     speculative: int | None = None
@@ -126,6 +132,7 @@ class GenerationConfig:
             "use_cache",
             "compile",
             "prepack",
+            "screen_head",
             "return_trajectory",
             "return_logits",
         ):
@@ -164,6 +171,12 @@ class GenerationConfig:
             raise UsageError("adaptive exit, continuous mode, kv_share and compile need the KV cache")
         if self.speculative is not None and (self.compile or self.return_logits):
             raise UsageError("speculative decoding does not combine with compile or return_logits")
+        if self.screen_head and (self.do_sample or self.return_logits or self.speculative is not None):
+            # Only the largest logit is computed exactly; sampling and returned logits need them all.
+            raise UsageError(
+                "screen_head gives greedy tokens only: it does not combine with do_sample, return_logits or "
+                "speculative decoding"
+            )
         if self.prepack and self.compile:
             # A compiled graph cannot take oneDNN's opaque packed weights as inputs.
             raise UsageError("prepack and compile do not combine: choose one")
@@ -248,7 +261,8 @@ def generate(
             started = time.perf_counter()
             # The packed copy lives only as long as the call, and packing counts in its time.
             decoder = prepacked(model, input_ids.shape[0]) if config.prepack else model
-            out = strategy.decode(decoder, input_ids, attention_mask, depth, choose)
+            screen = screened_argmax(model.lm_head.weight) if config.screen_head else None
+            out = strategy.decode(decoder, input_ids, attention_mask, depth, choose, screen)
             out.seconds = time.perf_counter() - started
     finally:
         model.train(was_training)

@@ -8,7 +8,8 @@ through the same few methods::
     e   = model.embed(input_ids, ctx)                          # what the loop reads: embedding (+ prelude)
     s_0 = model.initialize_state(e, init_scale)                # the loop's first state
     s_i = model.core_step(s_{i-1}, e, ctx, i - 1)               # one pass through the shared layers
-    p   = model.predict(s_r, ctx)                              # fp32 logits (through the coda, if any)
+    x   = model.head_input(s_r, ctx)                           # what the output layer reads (coda, norm)
+    p   = model.predict(s_r, ctx)                              # fp32 logits: model.lm_head(x)
 
 and the config names ``n_heads``, ``head_dim``, ``n_layers_in_recurrent_block``, ``mean_recurrence``,
 ``block_size`` and ``vocab_size``. Where two models' loops differ, each says so in its :class:`LoopSpec`

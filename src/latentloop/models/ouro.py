@@ -280,9 +280,13 @@ class OuroLM(nn.Module):
             x = layer(x, ctx.rope, ctx.mask, True, ctx.hook("core", j, slot))
         return self.model.norm(x)
 
+    def head_input(self, state: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+        """What the output layer reads: ``h_t`` itself (the state is already normalised; there is no coda)."""
+        return state
+
     def predict(self, state: torch.Tensor, ctx: StepContext) -> torch.Tensor:
-        """``logits = head(h_t)`` in fp32 (the state is already normalised; there is no coda)."""
-        return self.lm_head(state).float()
+        """``logits = head(h_t)`` in fp32."""
+        return self.lm_head(self.head_input(state, ctx)).float()
 
     def exit_lambda(self, state: torch.Tensor) -> torch.Tensor:
         """``λ_t = sigmoid(gate(h_t))``, in fp32: ``state`` [..., h] -> [...]."""

@@ -331,12 +331,16 @@ class RecurrentDepthLM(PushToHub, nn.Module):
             x = layer(x, ctx.rope, ctx.mask, True, ctx.hook("core", j, slot))
         return x
 
-    def predict(self, state: torch.Tensor, ctx: StepContext) -> torch.Tensor:
-        """``logits = head(ln_f(C(ln_f(s_r))))``, in fp32."""
+    def head_input(self, state: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+        """What the output layer reads: ``ln_f(C(ln_f(s_r)))``, through the coda."""
         x = self.transformer.ln_f(state)
         for i, layer in enumerate(self.transformer.coda):
             x = layer(x, ctx.rope, ctx.mask, True, ctx.hook("coda", i))
-        return self.lm_head(self.transformer.ln_f(x)).float()
+        return self.transformer.ln_f(x)
+
+    def predict(self, state: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+        """``logits = head(ln_f(C(ln_f(s_r))))``, in fp32."""
+        return self.lm_head(self.head_input(state, ctx)).float()
 
     def resolve_steps(self, num_steps: int | tuple[int, int] | None) -> tuple[int, int]:
         """(iterations without gradient, iterations with gradient) for a forward pass.
