@@ -141,7 +141,13 @@ def test_a_kernel_that_sums_in_fp16_is_refused(monkeypatch):
     assert "strays" in can_screen(torch.randn(10, 512))
 
 
-def test_screened_decoding_gives_the_plain_tokens_on_both_families(tiny_lm):
+@pytest.fixture
+def always_screen(monkeypatch):
+    """Screening taken as faster at every batch size (on a tiny model it is not)."""
+    monkeypatch.setattr(ScreenedArgmax, "pays_off", lambda self, rows: True)
+
+
+def test_screened_decoding_gives_the_plain_tokens_on_both_families(tiny_lm, always_screen):
     ouro = tiny(vocab=512)
     ids = torch.randint(1, 64, (3, 7), generator=torch.Generator().manual_seed(1))
     mask = torch.ones_like(ids)
@@ -159,7 +165,7 @@ def test_screened_decoding_gives_the_plain_tokens_on_both_families(tiny_lm):
         assert torch.equal(screened_out.steps, plain.steps), settings
 
 
-def test_screened_decoding_chooses_from_the_screen(monkeypatch):
+def test_screened_decoding_chooses_from_the_screen(monkeypatch, always_screen):
     ouro = tiny(vocab=512)
     ids = torch.randint(1, 64, (1, 5))
     calls = []
@@ -167,6 +173,24 @@ def test_screened_decoding_chooses_from_the_screen(monkeypatch):
     monkeypatch.setattr(ScreenedArgmax, "logits", lambda self, x: calls.append(x.shape) or original(self, x))
     generate(ouro, ids, max_new_tokens=6, num_steps=2, screen_head=True)
     assert calls == [(1, 1, 32)] * 5  # every token after the prefill's first, from the output layer's input
+
+
+def test_the_screen_is_used_only_at_batch_sizes_where_it_was_timed_faster(monkeypatch):
+    timings = iter([1.0, 2.0, 1.0, 0.5])  # full product, then screen: slower at one row, faster at two
+    monkeypatch.setattr(screened, "_median_seconds", lambda work: (work(), next(timings))[1])
+    screen = ScreenedArgmax(torch.randn(300, WIDTH))
+    assert not screen.pays_off(1) and screen.pays_off(2)
+    assert not screen.pays_off(1) and screen.pays_off(2)  # timed once per row count
+    ouro = tiny(vocab=512)
+    ids = torch.randint(1, 64, (1, 5))
+    monkeypatch.setattr(screened, "_median_seconds", lambda work: 1.0)  # a tie: the full product stays
+    calls = []
+    original = ScreenedArgmax.logits
+    monkeypatch.setattr(ScreenedArgmax, "logits", lambda self, x: calls.append(x.shape) or original(self, x))
+    plain = generate(ouro, ids, max_new_tokens=6, num_steps=2)
+    out = generate(ouro, ids, max_new_tokens=6, num_steps=2, screen_head=True)
+    assert torch.equal(out.sequences, plain.sequences)
+    assert calls == []  # no token came from the screen
 
 
 @pytest.mark.parametrize(

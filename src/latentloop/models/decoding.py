@@ -427,8 +427,9 @@ class _Pieces:
         raise NotImplementedError
 
     def next_logits(self, state: torch.Tensor, ctx: StepContext) -> torch.Tensor:
-        """The logits the next token is chosen from: all of them, or the screen's (greedy tokens only)."""
-        if self.screen is None:
+        """The logits the next token is chosen from: all of them, or the screen's (greedy tokens only) where
+        screening this many rows is faster here."""
+        if self.screen is None or not self.screen.pays_off(state.shape[0] * state.shape[1]):
             return self.predict(state, ctx)
         return self.screen.logits(self.head_input(state, ctx))
 
