@@ -144,7 +144,7 @@ def test_a_kernel_that_sums_in_fp16_is_refused(monkeypatch):
 @pytest.fixture
 def always_screen(monkeypatch):
     """Screening taken as faster at every batch size (on a tiny model it is not)."""
-    monkeypatch.setattr(ScreenedArgmax, "pays_off", lambda self, rows: True)
+    monkeypatch.setattr(ScreenedArgmax, "pays_off", lambda self, rows, head=None: True)
 
 
 def test_screened_decoding_gives_the_plain_tokens_on_both_families(tiny_lm, always_screen):
@@ -181,6 +181,8 @@ def test_the_screen_is_used_only_at_batch_sizes_where_it_was_timed_faster(monkey
     screen = ScreenedArgmax(torch.randn(300, WIDTH))
     assert not screen.pays_off(1) and screen.pays_off(2)
     assert not screen.pays_off(1) and screen.pays_off(2)  # timed once per row count
+    timings = iter([2.0, 1.0])  # another kind of head, slower than the screen at one row: timed apart
+    assert screen.pays_off(1, torch.nn.Identity()) and not screen.pays_off(1)
     ouro = tiny(vocab=512)
     ids = torch.randint(1, 64, (1, 5))
     monkeypatch.setattr(screened, "_median_seconds", lambda work: 1.0)  # a tie: the full product stays
@@ -191,6 +193,16 @@ def test_the_screen_is_used_only_at_batch_sizes_where_it_was_timed_faster(monkey
     out = generate(ouro, ids, max_new_tokens=6, num_steps=2, screen_head=True)
     assert torch.equal(out.sequences, plain.sequences)
     assert calls == []  # no token came from the screen
+
+
+def test_timing_the_screen_leaves_the_global_random_state_alone():
+    # The decoder draws its random initial states from the global generator after the first token's timing.
+    screen = ScreenedArgmax(torch.randn(300, WIDTH))
+    torch.manual_seed(0)
+    screen.pays_off(3)
+    after_timing = torch.rand(4)
+    torch.manual_seed(0)
+    assert torch.equal(after_timing, torch.rand(4))
 
 
 @pytest.mark.parametrize(

@@ -429,7 +429,8 @@ class _Pieces:
     def next_logits(self, state: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         """The logits the next token is chosen from: all of them, or the screen's (greedy tokens only) where
         screening this many rows is faster here."""
-        if self.screen is None or not self.screen.pays_off(state.shape[0] * state.shape[1]):
+        rows = state.shape[0] * state.shape[1]
+        if self.screen is None or not self.screen.pays_off(rows, self.model.lm_head):
             return self.predict(state, ctx)
         return self.screen.logits(self.head_input(state, ctx))
 

@@ -18,6 +18,7 @@ PyTorch's fp16 product stays well inside the bound (it would not if it summed in
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from collections.abc import Callable
@@ -48,7 +49,9 @@ class ScreenedArgmax:
         self.rounding = (exact - rounded).norm(dim=1).float()  # |w - w'| per row
         self.norm = torch.maximum(exact.norm(dim=1), rounded.norm(dim=1)).float()  # bounds |w| and |w'|
         self.sum_error = 2 * 2 * weight.shape[1] * UNIT_ROUNDOFF_FP32  # two products' sums, doubled
-        self.faster: dict[int, bool] = {}  # rows -> whether screening beats the fp32 product here
+        self.faster: dict[
+            tuple[int, type], bool
+        ] = {}  # (rows, head's type) -> whether screening beats it here
 
     def bounds(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The fp16 product's logits [N, V] for ``rows`` [N, h] (fp32) and each one's distance bound from the fp32
@@ -83,15 +86,20 @@ class ScreenedArgmax:
             logits[overflow] = F.linear(rows[overflow], self.weight)
         return logits.view(*x.shape[:-1], vocab)
 
-    def pays_off(self, rows: int) -> bool:
-        """Whether screening ``rows`` rows runs faster than the fp32 product on this machine, timed once per row
-        count (medians of 5). Either way gives the same argmax; fp16 kernels differ by CPU, and on one with AVX2
-        only the fp16 product is 3x faster at one row and slower at eight."""
-        if rows not in self.faster:
-            x = torch.randn(rows, self.weight.shape[1])
-            full = _median_seconds(lambda: F.linear(x, self.weight))
-            self.faster[rows] = _median_seconds(lambda: self.logits(x)) < full
-        return self.faster[rows]
+    def pays_off(self, rows: int, head: Callable[[torch.Tensor], torch.Tensor] | None = None) -> bool:
+        """Whether screening ``rows`` rows runs faster on this machine than ``head`` (the output layer as the
+        decoder runs it, e.g. a packed copy; default ``F.linear`` on the weight), timed once per row count and
+        kind of head (medians of 5). Either way gives the same argmax; fp16 kernels differ by CPU, and on one with
+        AVX2 only the fp16 product is 3x faster than fp32 at one row and slower at eight."""
+        key = (rows, type(head))
+        if key not in self.faster:
+            # A generator of its own: the global one draws the decoder's initial states.
+            x = torch.randn(rows, self.weight.shape[1], generator=torch.Generator().manual_seed(0))
+            if head is None:
+                head = functools.partial(F.linear, weight=self.weight)
+            full = _median_seconds(lambda: head(x))
+            self.faster[key] = _median_seconds(lambda: self.logits(x)) < full
+        return self.faster[key]
 
 
 def _median_seconds(work: Callable[[], object], repeats: int = 5) -> float:
