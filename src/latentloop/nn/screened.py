@@ -49,9 +49,8 @@ class ScreenedArgmax:
         self.rounding = (exact - rounded).norm(dim=1).float()  # |w - w'| per row
         self.norm = torch.maximum(exact.norm(dim=1), rounded.norm(dim=1)).float()  # bounds |w| and |w'|
         self.sum_error = 2 * 2 * weight.shape[1] * UNIT_ROUNDOFF_FP32  # two products' sums, doubled
-        self.faster: dict[
-            tuple[int, type], bool
-        ] = {}  # (rows, head's type) -> whether screening beats it here
+        # (rows, the head's type) -> whether screening beats that head on this machine
+        self.faster: dict[tuple[int, type], bool] = {}
 
     def bounds(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The fp16 product's logits [N, V] for ``rows`` [N, h] (fp32) and each one's distance bound from the fp32
@@ -76,8 +75,9 @@ class ScreenedArgmax:
         approx, radius = self.bounds(rows)
         floor = (approx - radius).amax(-1, keepdim=True)
         candidates = approx + radius >= floor
-        # An input beyond fp16's range leaves inf or nan: that row takes the full fp32 product.
-        overflow = ~torch.isfinite(radius).all(-1)
+        # An input or a product beyond fp16's range leaves the row's floor inf or nan (a product at -inf alone
+        # leaves it finite and drops out as a nan bound): that row takes the full fp32 product.
+        overflow = ~torch.isfinite(floor[:, 0])
         candidates[overflow] = False
         row, token = candidates.nonzero(as_tuple=True)
         logits = torch.full_like(approx, float("-inf"))
