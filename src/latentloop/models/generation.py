@@ -75,10 +75,11 @@ class GenerationConfig:
     differ). ``screen_head`` chooses each greedy token from an fp16 copy of the output layer, computing in fp32
     only the logits that can still be the largest (:class:`latentloop.nn.screened.ScreenedArgmax`): the tokens of
     the full fp32 product (two logits equal to fp32's last bits may order either way, as between any two
-    kernels), at half the bytes of the largest weight read per token. It needs greedy decoding and
-    no ``return_logits``; at each batch size it is used only where a timing on the first token finds it faster
-    than the full product (on CPUs without fast fp16 kernels, at one row but not at eight; docs/lm.md). ``return_trajectory`` keeps the state after every iteration, ``return_logits`` the logits of every
-    chosen token.
+    kernels), at half the bytes of the largest weight read per token. It needs greedy decoding and no
+    ``return_logits``; at each batch size it is used only where a timing on the first token finds it faster than
+    the full product (on CPUs without fast fp16 kernels, at one row but not at eight; docs/lm.md).
+    ``return_trajectory`` keeps the state after every iteration, ``return_logits`` the logits of every chosen
+    token.
 
     Other strategies: ``speculative=d`` drafts ``draft_tokens`` tokens at depth d and verifies them in one
     full-depth pass. ``sampler="parallel"`` (or a :class:`~latentloop.models.parallel_sampler.ParallelSampler`
