@@ -1,7 +1,10 @@
-"""Process-wide settings that make CPU results reproducible from one process to the next."""
+"""Process-wide settings that make CPU results reproducible from one process to the next, and a wall-clock timer."""
 
 from __future__ import annotations
 
+import statistics
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -42,3 +45,15 @@ def settle_vector_math() -> None:
     if not _settled:
         torch.sqrt(torch.ones(8))
         _settled = True
+
+
+def median_seconds(work: Callable[[], object], repeats: int, warm_up: bool = False) -> float:
+    """The median wall-clock seconds of ``repeats`` calls of ``work`` (after one untimed call if ``warm_up``)."""
+    if warm_up:
+        work()
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        work()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)

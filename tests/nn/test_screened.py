@@ -181,7 +181,7 @@ def test_screened_decoding_chooses_from_the_screen(monkeypatch, always_screen):
 
 def test_the_screen_is_used_only_at_batch_sizes_where_it_was_timed_faster(monkeypatch):
     timings = iter([1.0, 2.0, 1.0, 0.5])  # full product, then screen: slower at one row, faster at two
-    monkeypatch.setattr(screened, "_median_seconds", lambda work: (work(), next(timings))[1])
+    monkeypatch.setattr(screened, "median_seconds", lambda work, *_, **__: (work(), next(timings))[1])
     screen = ScreenedArgmax(torch.randn(300, WIDTH))
     assert not screen.pays_off(1) and screen.pays_off(2)
     assert not screen.pays_off(1) and screen.pays_off(2)  # timed once per row count
@@ -189,7 +189,9 @@ def test_the_screen_is_used_only_at_batch_sizes_where_it_was_timed_faster(monkey
     assert screen.pays_off(1, torch.nn.Identity()) and not screen.pays_off(1)
     ouro = tiny(vocab=512)
     ids = torch.randint(1, 64, (1, 5))
-    monkeypatch.setattr(screened, "_median_seconds", lambda work: 1.0)  # a tie: the full product stays
+    monkeypatch.setattr(
+        screened, "median_seconds", lambda work, *_, **__: 1.0
+    )  # a tie: the full product stays
     calls = []
     original = ScreenedArgmax.logits
     monkeypatch.setattr(ScreenedArgmax, "logits", lambda self, x: calls.append(x.shape) or original(self, x))

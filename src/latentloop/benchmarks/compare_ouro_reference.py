@@ -16,8 +16,8 @@ with a strict ``load_state_dict``. It reports, as one JSON object:
   the official ``early_exit_threshold=t``); target <= 1e-5;
 * ``speed`` (with ``--speed``): greedy decode tokens/s at 4 and 8 steps on a model of hidden 512 and 8 layers,
   ours (eager; with ``prepack=True``, the linear weights repacked for oneDNN; compiled with ``--compile``; each
-  of the last two also with ``screen_head=True``, the greedy token screened from an fp16 copy of the head) against the official ``generate`` with its cache, as medians of
-  interleaved repeats, with the ratio and whether the tokens agree; and with the exit gate at a threshold, our
+  of the last two also with ``screen_head=True``, the greedy token screened from an fp16 copy of the head)
+  against the official ``generate`` with its cache, as medians of interleaved repeats, with the ratio and whether the tokens agree; and with the exit gate at a threshold, our
   ``exit="gate:t"`` (the steps after the exit skipped) and ``exit="gate-full:t"`` (every step computed, as
   the official code does, each token's steps after its exit run in the next tokens' passes; also prepacked,
   and prepacked with the screened head)

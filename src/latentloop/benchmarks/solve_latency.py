@@ -34,16 +34,8 @@ from latentloop.io import emit_json_report
 from latentloop.models.reasoners import load_reasoner
 from latentloop.paths import PRETRAINED_DIR
 from latentloop.pretrained import pretrained_solve_settings, pretrained_task_spec, solve_setting
+from latentloop.runtime import median_seconds
 from latentloop.tasks.base import get_task, parse_task_spec
-
-
-def _median_seconds(run, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -85,13 +77,11 @@ def main(argv: list[str] | None = None) -> int:
         subprocess.run([*command, text], env=env, capture_output=True, check=False)
 
     startup = [sys.executable, "-c", "import latentloop.cli, latentloop.eval.reasoners"]
-    startup_s = _median_seconds(lambda: subprocess.run(startup, env=env, check=True), args.repeats)
-    command_s = statistics.median(
-        _median_seconds(lambda t=t: run_command(t), args.repeats) for t in texts[:2]
-    )
+    startup_s = median_seconds(lambda: subprocess.run(startup, env=env, check=True), args.repeats)
+    command_s = statistics.median(median_seconds(lambda t=t: run_command(t), args.repeats) for t in texts[:2])
     setting = solve_setting(folder)
     call_ms = 1e3 * statistics.median(
-        _median_seconds(lambda p=p: solve_puzzle(str(folder), task, p, model_task=spec, **setting), 1)
+        median_seconds(lambda p=p: solve_puzzle(str(folder), task, p, model_task=spec, **setting), 1)
         for p in puzzles
     )
     model = load_reasoner(folder).eval()

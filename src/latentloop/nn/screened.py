@@ -19,8 +19,6 @@ PyTorch's fp16 product stays well inside the bound (it would not if it summed in
 from __future__ import annotations
 
 import functools
-import statistics
-import time
 from collections.abc import Callable
 
 import torch
@@ -28,6 +26,7 @@ import torch.nn.functional as F
 from torch.utils.weak import WeakIdKeyDictionary
 
 from latentloop.errors import UsageError
+from latentloop.runtime import median_seconds
 
 UNIT_ROUNDOFF_FP32 = 2.0**-24
 UNIT_ROUNDOFF_FP16 = 2.0**-11
@@ -97,19 +96,9 @@ class ScreenedArgmax:
             x = torch.randn(rows, self.weight.shape[1], generator=torch.Generator().manual_seed(0))
             if head is None:
                 head = functools.partial(F.linear, weight=self.weight)
-            full = _median_seconds(lambda: head(x))
-            self.faster[key] = _median_seconds(lambda: self.logits(x)) < full
+            full = median_seconds(lambda: head(x), 5, warm_up=True)
+            self.faster[key] = median_seconds(lambda: self.logits(x), 5, warm_up=True) < full
         return self.faster[key]
-
-
-def _median_seconds(work: Callable[[], object], repeats: int = 5) -> float:
-    work()  # warm-up
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        work()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
 
 
 def can_screen(weight: torch.Tensor) -> str | None:
