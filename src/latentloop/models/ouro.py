@@ -36,7 +36,7 @@ from latentloop.models.kv_cache import RecurrentKVCache
 from latentloop.models.looped import LoopSpec
 from latentloop.models.ouro_format import load_ouro, save_ouro
 from latentloop.models.recurrent_depth import StepContext, step_context
-from latentloop.nn import PeriNormBlock, RMSNorm, RotaryEmbedding
+from latentloop.nn import Linear, PeriNormBlock, RMSNorm, RotaryEmbedding
 
 MODEL_TYPE = "ouro"
 
@@ -219,10 +219,10 @@ class OuroLM(nn.Module):
                     for _ in range(config.num_hidden_layers)
                 ),
                 norm=RMSNorm(h, config.rms_norm_eps),
-                early_exit_gate=nn.Linear(h, 1),
+                early_exit_gate=Linear(h, 1),
             )
         )
-        self.lm_head = nn.Linear(h, config.vocab_size, bias=False)
+        self.lm_head = Linear(h, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.rope = RotaryEmbedding(config.head_dim, config.max_position_embeddings, config.rope_theta)

@@ -29,7 +29,7 @@ from latentloop.models.generation import generate
 from latentloop.models.huginn_format import load_huginn, save_huginn
 from latentloop.models.kv_cache import LayerKey, RecurrentKVCache
 from latentloop.models.looped import LoopSpec
-from latentloop.nn import RMSNorm, RotaryEmbedding, SandwichBlock
+from latentloop.nn import Linear, RMSNorm, RotaryEmbedding, SandwichBlock
 from latentloop.nn.rope import huginn_freqs_cis
 
 
@@ -235,13 +235,13 @@ class RecurrentDepthLM(PushToHub, nn.Module):
             dict(
                 wte=nn.Embedding(config.vocab_size, h),
                 prelude=nn.ModuleList(block() for _ in range(config.n_layers_in_prelude)),
-                adapter=nn.Linear(2 * h, h, bias=config.bias),
+                adapter=Linear(2 * h, h, bias=config.bias),
                 core_block=nn.ModuleList(block() for _ in range(config.n_layers_in_recurrent_block)),
                 coda=nn.ModuleList(block() for _ in range(config.n_layers_in_coda)),
                 ln_f=RMSNorm(h, config.norm_eps),
             )
         )
-        self.lm_head = nn.Linear(h, config.vocab_size, bias=False)
+        self.lm_head = Linear(h, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.lm_head.weight = self.transformer.wte.weight
         self.rope = RotaryEmbedding(config.head_dim, config.block_size, config.rope_base)

@@ -11,6 +11,7 @@ from latentloop.nn.blocks import (
     SequenceMLPBlock,
     compile_blocks,
 )
+from latentloop.nn.linear import Linear
 from latentloop.nn.mlp import GatedMLP
 from latentloop.nn.norm import RMSNorm
 from latentloop.nn.rope import AxialRotaryEmbedding, RotaryEmbedding, apply_rope, rope_frequencies
@@ -22,6 +23,7 @@ __all__ = [
     "Block",
     "GatedMLP",
     "KVHook",
+    "Linear",
     "PeriNormBlock",
     "PostNormBlock",
     "PreNormBlock",

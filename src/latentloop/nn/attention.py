@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from latentloop.nn.linear import Linear
 from latentloop.nn.rope import apply_rope
 
 # Receives this call's keys and values [B, heads, S, head_dim]; returns all keys and values to attend to.
@@ -46,9 +47,9 @@ class Attention(nn.Module):
             raise ValueError(f"hidden size {dim} is not divisible by {n_heads} heads")
         self.n_heads = n_heads
         self.head_dim = dim // n_heads
-        self.Wqkv = nn.Linear(dim, 3 * dim, bias=bias)
+        self.Wqkv = Linear(dim, 3 * dim, bias=bias)
         self.qk_bias = nn.Parameter(torch.zeros(2, 1, n_heads, self.head_dim)) if qk_bias else None
-        self.proj = nn.Linear(dim, dim, bias=bias)
+        self.proj = Linear(dim, dim, bias=bias)
 
     def forward(
         self,

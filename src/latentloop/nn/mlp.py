@@ -6,14 +6,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from latentloop.nn.linear import Linear
+
 
 class GatedMLP(nn.Module):
     """``proj(silu(gate) * up)`` where ``[gate, up] = fc(x)``."""
 
     def __init__(self, dim: int, hidden: int, bias: bool = False) -> None:
         super().__init__()
-        self.fc = nn.Linear(dim, 2 * hidden, bias=bias)
-        self.proj = nn.Linear(hidden, dim, bias=bias)
+        self.fc = Linear(dim, 2 * hidden, bias=bias)
+        self.proj = Linear(hidden, dim, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.fc(x).chunk(2, dim=-1)
