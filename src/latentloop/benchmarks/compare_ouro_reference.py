@@ -27,8 +27,8 @@ with a strict ``load_state_dict``. It reports, as one JSON object:
   rows, one eager ``F.linear`` call each, and nothing else (no attention, norms or cache). At batch 1 these
   are matrix-vector products that read every weight from memory once per step, most of what decoding costs,
   so their rate says how much room a decoder built on ``F.linear`` has left (``share_of_floor``: a decoder's
-  tokens/s over theirs); one whose products run faster than ``F.linear``'s, as prepacked ones do at a few
-  rows, can pass 1.
+  tokens/s over theirs); one whose products run faster than ``F.linear``'s can pass 1, as prepacked ones do
+  at a few rows and compiled ones at one row (row dot products, :mod:`latentloop.nn.linear`).
 
 ``--fixture DIR`` also writes the tiny model (``DIR/model``, official layout) and what the official code computed
 on it (``DIR/expected.safetensors``), the numbers ``tests/models/test_ouro_parity.py`` checks without the official
@@ -286,9 +286,9 @@ def weight_products_floor(model: OuroLM, steps: int, rows: int, repeats: int, to
     return round(statistics.median(timed(decode)[0] for _ in range(repeats)) / tokens, 5)
 
 
-def speed(modeling: types.ModuleType, args: Any) -> dict[str, Any]:
-    torch.manual_seed(args.seed)
-    config = OuroConfig(
+def speed_config() -> OuroConfig:
+    """The model the speeds are measured on: hidden 512, 8 layers, 8 heads, Ouro's vocabulary of 49,152."""
+    return OuroConfig(
         hidden_size=512,
         intermediate_size=1408,
         num_hidden_layers=8,
@@ -296,6 +296,11 @@ def speed(modeling: types.ModuleType, args: Any) -> dict[str, Any]:
         vocab_size=49152,
         max_position_embeddings=256,
     )
+
+
+def speed(modeling: types.ModuleType, args: Any) -> dict[str, Any]:
+    torch.manual_seed(args.seed)
+    config = speed_config()
     folder = Path(tempfile.mkdtemp(prefix="ouro_speed_")) / "model"
     OuroLM(config).save_pretrained(folder)
     ours = OuroLM.from_pretrained(folder)
