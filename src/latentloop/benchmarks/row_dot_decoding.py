@@ -8,8 +8,8 @@ and splits across threads (``ROW_DOT_MAX_ROWS`` rows at most). For each model fa
 the Huginn layout of ``compare_huginn_reference``'s model, and the hidden-512, 8-layer Ouro model of
 ``compare_ouro_reference``), each batch size and each depth, greedy compiled decoding of 32 tokens after 16
 runs with the shipped threshold (or ``--max-rows``) and with the threshold at 0 (every product on
-``F.linear``), one after the other in each repeat. Reported: tokens/s of each (medians), the median of the per-repeat speed ratios, and
-whether both give eager decoding's tokens. Compilation is paid in a warm-up.
+``F.linear``), one after the other in each repeat. Reported: tokens/s of each (medians), the median of the
+per-repeat speed ratios, and whether both give eager decoding's tokens. Compilation is paid in a warm-up.
 """
 
 from __future__ import annotations
