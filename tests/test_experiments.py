@@ -315,7 +315,7 @@ SHIPPED_SCHEDULES = {
     "graph-coloring8-fast": {"gram": 5000, "trm": 2750, "direct": 52400, "looped": 9760, "hrm": 10270},
     "lm-depth": {"core2-depth16": 8000},
     "maze": {"direct": 1600, "trm": 360},
-    "nqueens10": {"gram": 2920, "trm": 1700, "ar": 7170, "mdlm": 18140},
+    "nqueens10": {"gram": 2920, "gram-seed-1": 2920, "trm": 1700, "ar": 7170, "mdlm": 18140},
     "nqueens8": {"direct": 2000, "looped": 345, "hrm": 305, "trm": 70, "ar": 1900, "mdlm": 2000, "gram": 120},
     "nqueens8-fast": {
         "gram": 7050,
