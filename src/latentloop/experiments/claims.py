@@ -228,14 +228,42 @@ _S9_SCALE = (
 _GRAM_SEEDS = ((0, "gram"), (1, "gram-seed-1"))
 
 
-def _nq10_above_trm(seed: int, *more: Condition) -> tuple[Condition, ...]:
-    """GRAM seed ``seed`` of nqueens10 is above TRM in vote accuracy and coverage (and ``more``)."""
-    return (_c(f"gram_vote{seed}", ">", "trm_vote"), _c(f"gram_cov{seed}", ">", "trm_cov"), *more)
+def _per_seed(key: str, field: str, measure: Callable[[str], Any] = _m) -> dict[str, Any]:
+    """A measure ``{key}{seed}`` of ``field`` (``eval.coverage``) for each GRAM run of ``_GRAM_SEEDS``."""
+    return {f"{key}{seed}": measure(f"models.{model}.{field}") for seed, model in _GRAM_SEEDS}
 
 
-def _gc10_above_trm(seed: int, *more: Condition) -> tuple[Condition, ...]:
-    """GRAM seed ``seed`` of graph-coloring10 has fewer conflicts and more coverage than TRM (and ``more``)."""
-    return (_c(f"gram_conf{seed}", "<", "trm_conf"), _c(f"gram_cov{seed}", ">", "trm_cov"), *more)
+def _every_seed(conditions: Callable[[int], tuple[Condition, ...]]) -> tuple[Condition, ...]:
+    """``conditions(seed)`` for each GRAM run of ``_GRAM_SEEDS``, all to hold."""
+    return tuple(c for seed, _ in _GRAM_SEEDS for c in conditions(seed))
+
+
+def _above_trm(seed: int, score: str, *more: Condition) -> tuple[Condition, ...]:
+    """GRAM seed ``seed`` beats TRM in ``score`` (``vote``: higher accuracy; ``conf``: fewer conflicts) and in
+    coverage (and ``more``)."""
+    better = "<" if score == "conf" else ">"
+    return (_c(f"gram_{score}{seed}", better, f"trm_{score}"), _c(f"gram_cov{seed}", ">", "trm_cov"), *more)
+
+
+def _seeds_vs_trm(score: str, field: str, measure: Callable[[str], Any], digits: int) -> dict[str, Any]:
+    """GRAM's two seeds (``_GRAM_SEEDS``) against TRM: measures, figure and scale of ``score`` (``field`` of each
+    model's evaluation, shown with ``digits`` decimals) and of coverage."""
+    number = f":.{digits}f"
+    seeds = " and ".join(
+        f"{{gram_{score}{seed}{number}}} / {{gram_cov{seed}:.1f}}" for seed, _ in _GRAM_SEEDS
+    )
+    return {
+        "measures": {
+            **_per_seed(f"gram_{score}", f"eval.{field}", measure),
+            **_per_seed("gram_cov", "eval.coverage", _pct),
+            f"trm_{score}": measure(f"models.trm.eval.{field}"),
+            "trm_cov": _pct("models.trm.eval.coverage"),
+            "params": _m("models.gram.train.parameters", scale=1e-6),
+            "minutes": _m("models.gram.train.train_minutes"),
+        },
+        "figure": f"GRAM {seeds} (seeds 0 and 1), TRM {{trm_{score}{number}}} / {{trm_cov:.1f}}",
+        "scale": _GRAM_VS_TRM["scale"],
+    }
 
 
 _HYBRID = "GRAM trained a quarter on the prior's noise (model.prior_share 0.25, latentloop's option)"
@@ -608,29 +636,12 @@ CLAIMS: tuple[Claim, ...] = (
         text="N-Queens 10x10: GRAM above TRM in accuracy and coverage",
         paper="GRAM 89.7 / 57.5, TRM 17.5 / 2.0 (accuracy / coverage)",
         source="results/nqueens10/results.json",
-        measures={
-            **{
-                f"gram_vote{seed}": _pct(f"models.{model}.eval.accuracy_by_select.vote")
-                for seed, model in _GRAM_SEEDS
-            },
-            **{f"gram_cov{seed}": _pct(f"models.{model}.eval.coverage") for seed, model in _GRAM_SEEDS},
-            "trm_vote": _pct("models.trm.eval.accuracy_by_select.vote"),
-            "trm_cov": _pct("models.trm.eval.coverage"),
-            "params": _m("models.gram.train.parameters", scale=1e-6),
-            "minutes": _m("models.gram.train.train_minutes"),
-        },
-        figure="GRAM {gram_vote0:.1f} / {gram_cov0:.1f} and {gram_vote1:.1f} / {gram_cov1:.1f} (seeds 0 and 1), TRM "
-        "{trm_vote:.1f} / {trm_cov:.1f}",
-        scale="{params:.2f}M parameters, {minutes:.0f} min on one CPU core each ({paper})",
+        **_seeds_vs_trm("vote", "accuracy_by_select.vote", _pct, digits=1),
         # Both GRAM seeds above TRM at the paper's level (within 10 points of GRAM's 89.7) reproduce it; above TRM
         # alone is part.
         rule=Rule(
-            tuple(
-                c
-                for seed, _ in _GRAM_SEEDS
-                for c in _nq10_above_trm(seed, _c(f"gram_vote{seed}", ">=", 89.7, -10))
-            ),
-            tuple(c for seed, _ in _GRAM_SEEDS for c in _nq10_above_trm(seed)),
+            _every_seed(lambda seed: _above_trm(seed, "vote", _c(f"gram_vote{seed}", ">=", 89.7, -10))),
+            _every_seed(lambda seed: _above_trm(seed, "vote")),
         ),
         section="nqueens10",
     ),
@@ -641,10 +652,7 @@ CLAIMS: tuple[Claim, ...] = (
         paper="accuracy: GRAM 89.7, AR 90.0, MDLM 74.3",
         source="results/nqueens10/results.json",
         measures={
-            **{
-                f"gram{seed}": _pct(f"models.{model}.eval.accuracy_by_select.vote")
-                for seed, model in _GRAM_SEEDS
-            },
+            **_per_seed("gram", "eval.accuracy_by_select.vote", _pct),
             "ar": _pct("models.ar.eval.accuracy_by_select.vote"),
             "mdlm": _pct("models.mdlm.eval.accuracy_by_select.vote"),
             "params": _m("models.*.train.parameters", reduce="max", scale=1e-6),
@@ -652,9 +660,7 @@ CLAIMS: tuple[Claim, ...] = (
         },
         figure="vote: GRAM {gram0:.1f} and {gram1:.1f} (seeds 0 and 1), AR {ar:.1f}, MDLM {mdlm:.1f}",
         scale="at most {params:.2f}M parameters, at most {minutes:.0f} min on one CPU core each ({paper})",
-        rule=Rule(
-            tuple(_c(f"gram{seed}", ">=", other) for seed, _ in _GRAM_SEEDS for other in ("ar", "mdlm"))
-        ),
+        rule=Rule(_every_seed(lambda seed: (_c(f"gram{seed}", ">=", "ar"), _c(f"gram{seed}", ">=", "mdlm")))),
         section="nqueens10",
     ),
     Claim(
@@ -663,26 +669,12 @@ CLAIMS: tuple[Claim, ...] = (
         text="Graph colouring, 10 vertices: GRAM has fewer conflicts and more coverage than TRM",
         paper="GRAM 3.3 / 51.3, TRM 170.7 / 6.8 (conflicts / coverage)",
         source="results/graph-coloring10/results.json",
-        measures={
-            **{f"gram_conf{seed}": _m(f"models.{model}.eval.conflicts_total") for seed, model in _GRAM_SEEDS},
-            **{f"gram_cov{seed}": _pct(f"models.{model}.eval.coverage") for seed, model in _GRAM_SEEDS},
-            "trm_conf": _m("models.trm.eval.conflicts_total"),
-            "trm_cov": _pct("models.trm.eval.coverage"),
-            "params": _m("models.gram.train.parameters", scale=1e-6),
-            "minutes": _m("models.gram.train.train_minutes"),
-        },
-        figure="GRAM {gram_conf0:.0f} / {gram_cov0:.1f} and {gram_conf1:.0f} / {gram_cov1:.1f} (seeds 0 and 1), TRM "
-        "{trm_conf:.0f} / {trm_cov:.1f}",
-        scale="{params:.2f}M parameters, {minutes:.0f} min on one CPU core each ({paper})",
+        **_seeds_vs_trm("conf", "conflicts_total", _m, digits=0),
         # Both GRAM seeds above TRM with the paper's share of the colourings (coverage within 10 points of 51.3)
         # reproduce it.
         rule=Rule(
-            tuple(
-                c
-                for seed, _ in _GRAM_SEEDS
-                for c in _gc10_above_trm(seed, _c(f"gram_cov{seed}", ">=", 51.3, -10))
-            ),
-            tuple(c for seed, _ in _GRAM_SEEDS for c in _gc10_above_trm(seed)),
+            _every_seed(lambda seed: _above_trm(seed, "conf", _c(f"gram_cov{seed}", ">=", 51.3, -10))),
+            _every_seed(lambda seed: _above_trm(seed, "conf")),
         ),
         section="graph-coloring10",
     ),
@@ -693,7 +685,7 @@ CLAIMS: tuple[Claim, ...] = (
         paper="conflicts: GRAM 3.3, AR 61.3, MDLM 12.0",
         source="results/graph-coloring10/results.json",
         measures={
-            **{f"gram{seed}": _m(f"models.{model}.eval.conflicts_total") for seed, model in _GRAM_SEEDS},
+            **_per_seed("gram", "eval.conflicts_total"),
             "ar": _m("models.ar.eval.conflicts_total"),
             "mdlm": _m("models.mdlm.eval.conflicts_total"),
             "params": _m("models.*.train.parameters", reduce="max", scale=1e-6),
@@ -701,9 +693,7 @@ CLAIMS: tuple[Claim, ...] = (
         },
         figure="conflicts: GRAM {gram0:.0f} and {gram1:.0f} (seeds 0 and 1), AR {ar:.0f}, MDLM {mdlm:.0f}",
         scale="at most {params:.2f}M parameters, at most {minutes:.0f} min on one CPU core each ({paper})",
-        rule=Rule(
-            tuple(_c(f"gram{seed}", "<", other) for seed, _ in _GRAM_SEEDS for other in ("ar", "mdlm"))
-        ),
+        rule=Rule(_every_seed(lambda seed: (_c(f"gram{seed}", "<", "ar"), _c(f"gram{seed}", "<", "mdlm")))),
         section="graph-coloring10",
     ),
     Claim(
