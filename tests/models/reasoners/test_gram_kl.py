@@ -99,3 +99,22 @@ def test_the_model_balances_its_kl_by_its_config() -> None:
     )
     torch.testing.assert_close(mixed["prior"], 0.25 * prior_only["prior"])
     torch.testing.assert_close(mixed["posterior"], 0.75 * posterior_only["posterior"])
+
+
+@pytest.mark.parametrize(("scale", "factor"), [("input", 4.0), ("unscaled", 1.0)])
+def test_the_posterior_reads_the_target_at_the_inputs_scale(scale, factor) -> None:
+    """``u + √dim · E[y]`` reaches the posterior head under ``target_scale="input"`` (dim 16: 4 times the
+    embedding), ``u + E[y]`` under ``"unscaled"``."""
+    config = ReasonerConfig(vocab_size=5, seq_len=6, dim=16, n_heads=2, hidden=32, n_sup=1, cycles=1, inner=1)
+    config.target_scale = scale
+    torch.manual_seed(0)
+    model = build_reasoner("gram", config)
+    seen: list[torch.Tensor] = []
+    model.posterior.register_forward_pre_hook(lambda _m, args: seen.append(args[0].detach()))
+    captured: list[torch.Tensor] = []
+    model.f_H.register_forward_hook(lambda _m, _a, out: captured.append(out.detach()))
+    batch = {"inputs": torch.randint(1, 5, (2, 6))}
+    target = torch.randint(1, 5, (2, 6))
+    model(model.initial_carry(batch), batch, target=target)
+    e_y = model.target_embed(target)
+    torch.testing.assert_close(seen[0] - captured[0], factor * e_y)

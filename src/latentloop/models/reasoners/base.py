@@ -42,6 +42,7 @@ POS_ENCODINGS = ("rope", "learned", "rope+learned", "none")
 INITS = ("default", "lecun")
 GUIDANCE = ("posterior", "prior", "none")
 GUIDED_TRANSITIONS = ("all", "last")
+TARGET_SCALES = ("input", "unscaled")
 Carry = dict[str, torch.Tensor]
 # arch -> class of every reasoner defined so far: a subclass with an ``arch`` registers itself (see Reasoner).
 REASONERS: dict[str, type[Reasoner]] = {}
@@ -90,6 +91,9 @@ class ReasonerConfig:
     # > 0: this share of GRAM's training samples draw their noise from the prior for their whole trajectory, as
     # at inference, and are charged no KL (a CVAE's and a GSNN's objective mixed, Sohn et al. 2015); gram.py
     prior_share: float = 0.0
+    # GRAM's target embedding: scaled by sqrt(dim) as the input's is (input), so the posterior sees y as loudly
+    # as u; or unscaled, RMS 1/sqrt(dim), the reading of runs trained before this option; gram.py
+    target_scale: str = "input"
     rope_base: float = 10_000.0
     # > 0: the input is a grid of this width read row by row, and attention uses axial 2-D RoPE over its rows
     # and columns (nn.rope.AxialRotaryEmbedding) instead of 1-D RoPE over the flat sequence
@@ -162,6 +166,10 @@ class ReasonerConfig:
             raise UsageError(f"model.prior_share must be in [0, 1), got {self.prior_share}")
         if self.prior_share and self.guidance != "posterior":
             raise UsageError("model.prior_share needs a posterior to share with (model.guidance posterior)")
+        if self.target_scale not in TARGET_SCALES:
+            raise UsageError(
+                f"model.target_scale must be one of {', '.join(TARGET_SCALES)}, got {self.target_scale!r}"
+            )
         if self.guided_transitions not in GUIDED_TRANSITIONS:
             raise UsageError(
                 f"model.guided_transitions must be one of {', '.join(GUIDED_TRANSITIONS)}, "

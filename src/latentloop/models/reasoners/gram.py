@@ -14,6 +14,10 @@ A supervision step runs ``T`` transitions (``config.cycles``), the first ``T - 1
 At inference a temperature ``τ`` scales the prior's ``σ`` (``ε ~ N(μ, τ²σ²)``; ``τ = 0`` follows the prior's
 mean), the usual dial between the diversity and the validity of a latent-variable model's samples.
 
+The posterior reads ``u + e_y``. ``u`` leaves f_H normalised (RMS 1), so the target embedding is scaled by
+``√dim`` as the input embedding is (``config.target_scale = "input"``); unscaled, it reaches the posterior 8
+times weaker than ``u`` at dim 64 (``"unscaled"``, the reading of runs trained before the option).
+
 The KL is that of the whole latent ``ε`` (summed over positions and dimensions) while the cross-entropy is a
 mean over positions. With the paper's β this prices information in the posterior noise close to what it can
 save in cross-entropy (N-Queens 8x8: the posterior pays ``(1 - α) · β = 0.014`` per nat against ``1 / 64``
@@ -194,6 +198,8 @@ class GRAMReasoner(Reasoner):
         e_y = None
         if target is not None and self.target_embed is not None:
             e_y = self.target_embed(label_tokens(target).long())
+            if self.config.target_scale == "input":
+                e_y = e_y * math.sqrt(self.config.dim)
         if e_y is not None and self.config.prefix_len:  # the puzzle-embedding positions have no target
             e_y = F.pad(e_y, (0, 0, self.config.prefix_len, 0))
         per_sample = {}  # what each sample keeps from step to step besides the state
