@@ -10,11 +10,8 @@ from pathlib import Path
 import pytest
 
 from latentloop.cli import main
-from latentloop.cli.run import update_results_file
 from latentloop.experiments.claims import (
-    BEGIN,
     CLAIMS,
-    END,
     FAMILIES,
     NOT,
     NOT_TRIED,
@@ -26,13 +23,19 @@ from latentloop.experiments.claims import (
     Measure,
     Rule,
     evaluate,
-    headings,
+    fill,
+    load_catalog,
     measure_value,
-    render_dashboard,
     resolve,
-    split_block,
     statuses,
-    update_dashboard,
+)
+from latentloop.experiments.results_page import (
+    BEGIN,
+    END,
+    headings,
+    render_dashboard,
+    split_block,
+    write_results,
 )
 from tests.test_experiments import write_experiment
 
@@ -278,28 +281,25 @@ def _results_file(tmp_path: Path) -> Path:
         _reasoners(gram={"vote": 0.99, "coverage": 0.97}, trm={"vote": 0.77, "coverage": 0.72}),
     )
     path = tmp_path / "RESULTS.md"
-    update_results_file(
-        path, "nqueens8-fast", "## nqueens8-fast\n\nCommand: `latentloop run nqueens8-fast`\n"
-    )
+    write_results(path, ("nqueens8-fast", "## nqueens8-fast\n\nCommand: `latentloop run nqueens8-fast`\n"))
     return path
 
 
 def test_the_block_is_inserted_before_the_sections_and_rewritten_in_place(tmp_path):
     path = _results_file(tmp_path)
     claims = [_by_id("nq8-gram-vs-trm"), _by_id("arc-agi-2")]
-    assert update_dashboard(path, claims)
+    assert write_results(path, claims=claims, dashboard=True)
     text = path.read_text()
     assert text.index(BEGIN) < text.index(END) < text.index("<!-- experiment: nqueens8-fast -->")
     assert "| N-Queens 8x8: GRAM above TRM in accuracy and coverage |" in text
     assert "[nqueens8-fast](#nqueens8-fast); `latentloop run nqueens8-fast`" in text
     assert "2 claims: 1 reproduced, 0 partly, 0 not, 1 not tried." in text
-    assert not update_dashboard(path, claims)  # nothing changed
-    # A rerun of the experiment replaces its section and keeps the block; a new one is appended after it.
-    update_results_file(
-        path, "nqueens8-fast", "## nqueens8-fast\n\nCommand: `latentloop run nqueens8-fast --out x`\n"
-    )
-    update_results_file(path, "maze", "## maze\n\nCommand: `latentloop run maze`\n")
-    assert update_dashboard(path, claims)
+    assert not write_results(path, claims=claims)  # nothing changed
+    # A rerun of the experiment replaces its section and keeps the block (rewritten in the same write); a new
+    # one is appended after it.
+    section = "## nqueens8-fast\n\nCommand: `latentloop run nqueens8-fast --out x`\n"
+    assert write_results(path, ("nqueens8-fast", section), claims=claims)
+    assert write_results(path, ("maze", "## maze\n\nCommand: `latentloop run maze`\n"), claims=claims)
     text = path.read_text()
     assert text.count(BEGIN) == 1 and text.count("## nqueens8-fast") == 1
     assert "`latentloop run nqueens8-fast --out x`" in text
@@ -329,3 +329,51 @@ def test_a_run_with_report_regenerates_the_block_of_a_file_that_has_one(tmp_path
     assert block == render_dashboard(text, tmp_path)
     assert "stale text" not in block and "- Benchmarks and other: [tiny](#tiny)" in block
     assert "<!-- experiment: tiny -->" in after and "intro kept" in text
+
+
+# The claims file ---------------------------------------------------------------------------------------------------
+
+
+def test_conditions_and_measures_read_from_their_yaml_forms():
+    assert Condition.parse("gram0 >= trm0 - 2") == Condition("gram0", ">=", "trm0", -2.0)
+    assert Condition.parse("speedup > 1.5") == Condition("speedup", ">", 1.5)
+    assert Condition.parse("a < b + 0.5") == Condition("a", "<", "b", 0.5)
+    assert Measure.parse("models.x.acc") == Measure(("models.x.acc",))
+    assert Measure.parse({"paths": ["a", "b"], "scale": 100, "reduce": "max"}) == Measure(
+        ("a", "b"), 100.0, "max"
+    )
+    for bad in ("a => b", "a > ", "a > b + c"):
+        with pytest.raises(ValueError, match="is not"):
+            Condition.parse(bad)
+    with pytest.raises(ValueError, match="unknown keys"):
+        Measure.parse({"path": "a", "scaling": 100})
+    with pytest.raises(ValueError, match="reduce"):
+        Measure.parse({"path": "a", "reduce": "mean"})
+
+
+def _catalog_file(tmp_path: Path, claim: str) -> Path:
+    path = tmp_path / "claims.yaml"
+    path.write_text(f"families: {{lm: LM}}\nclaims:\n{claim}")
+    return path
+
+
+def test_the_claims_file_is_checked(tmp_path):
+    good = "- {id: a, family: lm, text: t, paper: p, source: r.json, measures: {x: f}, rule: {reproduced: [x > 1]}}\n"
+    catalog = load_catalog(_catalog_file(tmp_path, good))
+    assert catalog.claim("a").rule == Rule((Condition("x", ">", 1.0),))
+    assert catalog.families == ("LM",) and catalog.claim("a").family == "LM"
+    for bad in (
+        good.replace("family: lm", "family: gram"),  # no such family
+        good.replace(", rule: {reproduced: [x > 1]}", ""),  # a results file and no rule
+        good.replace("text: t", "txt: t"),  # an unknown key
+        good + good,  # the id twice
+    ):
+        with pytest.raises(ValueError):
+            load_catalog(_catalog_file(tmp_path, bad))
+
+
+def test_every_template_names_only_its_measures_and_the_constants():
+    for claim in CLAIMS:
+        nones = dict.fromkeys(claim.measures)
+        for template in (claim.figure, claim.scale):
+            fill(template, nones)  # a name it lacks raises KeyError

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 import shlex
 import sys
 from pathlib import Path
@@ -11,25 +10,8 @@ from pathlib import Path
 import typer
 
 from latentloop.cli.app import app
-from latentloop.experiments.claims import has_dashboard, update_dashboard
-
-
-def update_results_file(path: Path, experiment: str, section: str) -> None:
-    """Replace (or append) ``experiment``'s section of a results file such as ``docs/RESULTS.md``.
-
-    Sections sit between ``<!-- experiment: NAME -->`` and ``<!-- /experiment: NAME -->`` markers, so other
-    experiments' sections and any text around them are kept.
-    """
-    from latentloop.io import atomic_write_text
-
-    begin, end = f"<!-- experiment: {experiment} -->", f"<!-- /experiment: {experiment} -->"
-    block = f"{begin}\n{section.rstrip()}\n{end}"
-    text = path.read_text() if path.is_file() else "# Results\n"
-    pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.DOTALL)
-    text = (
-        pattern.sub(lambda _: block, text) if pattern.search(text) else text.rstrip() + "\n\n" + block + "\n"
-    )
-    atomic_write_text(path, text)
+from latentloop.errors import UsageError
+from latentloop.experiments.results_page import write_results
 
 
 @app.command("run")
@@ -103,7 +85,9 @@ def run_command(
             )
         return
     if dashboard:
-        changed = update_dashboard(Path(dashboard))
+        if not Path(dashboard).is_file():
+            raise UsageError(f"--dashboard {dashboard}: no such file")
+        changed = write_results(Path(dashboard), dashboard=True)
         typer.echo(f"{'updated' if changed else 'unchanged'} {dashboard}")
         return
     budget = None
@@ -145,9 +129,7 @@ def run_command(
         if schedule is not None:
             words += ["--schedule", schedule]
         command = " ".join(shlex.quote(w) for w in words)
-        update_results_file(Path(report), spec.name, report_markdown(results, command))
-        if has_dashboard(Path(report)):
-            update_dashboard(Path(report))
+        write_results(Path(report), (spec.name, report_markdown(results, command)))
     if json_output:
         typer.echo(json.dumps(results))
         return

@@ -1,0 +1,189 @@
+"""``docs/RESULTS.md``: its one writer.
+
+The page holds a generated claims dashboard between ``<!-- claims:begin -->`` and ``<!-- claims:end -->``, and
+the experiments' own sections, each between ``<!-- experiment: NAME -->`` markers. :func:`write_results`
+replaces (or appends) one experiment's section and regenerates the dashboard in the same write
+(``latentloop run EXPERIMENT --report docs/RESULTS.md``; ``latentloop run --dashboard docs/RESULTS.md`` for
+the dashboard alone). Nothing in the dashboard is typed by hand: the figures are read from the committed files
+through :mod:`latentloop.experiments.claims`, the commands from the ``Command:`` lines of the sections it links
+to, and the contents list from the page's ``## `` headings.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from latentloop.experiments.claims import (
+    CATALOG,
+    NOT,
+    NOT_TRIED,
+    PARTLY,
+    REPRODUCED,
+    STATUSES,
+    Claim,
+    evaluate,
+)
+from latentloop.io import atomic_write_text
+
+BEGIN = "<!-- claims:begin -->"
+END = "<!-- claims:end -->"
+OTHER = CATALOG.families[-1]  # where a section that claims.yaml does not name is listed
+
+
+def anchor(heading: str) -> str:
+    """GitHub's anchor of a markdown heading (before the ``-N`` suffix of repeated headings)."""
+    text = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", heading.strip())  # a link reads as its text
+    text = re.sub(r"<[^>]+>", "", text).lower()
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def headings(text: str) -> list[tuple[int, str, str]]:
+    """The headings of a markdown text outside code fences: (level, title, anchor), anchors made unique as
+    GitHub makes them."""
+    found, seen, fenced = [], {}, False
+    for line in text.splitlines():
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+            continue
+        match = re.match(r"^(#{1,6}) +(.+?) *#*$", line)
+        if fenced or not match:
+            continue
+        slug = anchor(match.group(2))
+        count = seen.get(slug, 0)
+        seen[slug] = count + 1
+        found.append((len(match.group(1)), match.group(2), slug if count == 0 else f"{slug}-{count}"))
+    return found
+
+
+def split_block(text: str, begin: str = BEGIN, end: str = END) -> tuple[str, str | None, str]:
+    """``text`` as (before, block, after) around the generated block (markers included); ``block`` is ``None``
+    when the text has no complete block."""
+    start = text.find(begin)
+    stop = text.find(end, start + len(begin)) if start >= 0 else -1
+    if start < 0 or stop < 0:
+        return text, None, ""
+    stop += len(end)
+    return text[:start], text[start:stop], text[stop:]
+
+
+def _sections(text: str) -> dict[str, str]:
+    """Each ``## `` section's text (up to the next ``## `` heading), by title."""
+    sections: dict[str, str] = {}
+    parts = re.split(r"^## +(.+?) *$", text, flags=re.MULTILINE)
+    for title, body in zip(parts[1::2], parts[2::2], strict=True):
+        sections.setdefault(title, body)
+    return sections
+
+
+def _command(section: str | None) -> str | None:
+    match = re.search(r"Command: `([^`]+)`", section or "")
+    return " ".join(match.group(1).split()) if match else None
+
+
+def cell(text: str) -> str:
+    """``text`` safe inside a markdown table cell."""
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def render_dashboard(text: str, base: Path, claims: Sequence[Claim] = CATALOG.claims) -> str:
+    """The generated block (markers included) for a RESULTS.md whose text is ``text`` and whose results files
+    lie under ``base``."""
+    before, _, after = split_block(text)
+    outside = before + after
+    anchors = {title: slug for level, title, slug in headings(outside) if level == 2}
+    sections = _sections(outside)
+    cache: dict[Path, Any] = {}
+    results = [evaluate(claim, base, cache) for claim in claims]
+    counts = {status: sum(r.status == status for r in results) for status in STATUSES}
+    lines = [
+        BEGIN,
+        "<!-- Generated from the committed results files by `latentloop run --dashboard docs/RESULTS.md`"
+        " (src/latentloop/experiments/claims.py); do not edit by hand. -->",
+        "",
+        "## Claims dashboard",
+        "",
+        "Each claim of the papers (Huginn; GRAM and its baselines; later work on them) with the paper's figure"
+        " and latentloop's, read by code from the committed results file linked in its row"
+        " (`src/latentloop/experiments/claims.py` names the file, the fields and the rule that decides the"
+        " status). Percentages unless a unit is given.",
+        "",
+        f"{len(results)} claims: {counts[REPRODUCED]} reproduced, {counts[PARTLY]} partly, {counts[NOT]} not,"
+        f" {counts[NOT_TRIED]} not tried.",
+    ]
+    for family in CATALOG.families:
+        rows = [r for r in results if r.claim.family == family]
+        if not rows:
+            continue
+        lines += [
+            "",
+            f"**{family}**",
+            "",
+            "| claim | paper | latentloop | scale gap | status | where |",
+            "|---|---|---|---|---|---|",
+        ]
+        for result in rows:
+            claim = result.claim
+            where = []
+            if claim.section is not None and claim.section in anchors:
+                where.append(f"[{claim.section}](#{anchors[claim.section]})")
+            command = _command(sections.get(claim.section or "")) or claim.command
+            if command:
+                where.append(f"`{command}`")
+            if claim.source is not None and result.status != NOT_TRIED:
+                where.append(f"[{Path(claim.source).name}]({claim.source})")
+            cells = [claim.text, claim.paper, result.figure, result.scale or "-", result.status]
+            lines.append("| " + " | ".join(cell(c) for c in [*cells, "; ".join(where) or "-"]) + " |")
+    lines += ["", "How each status is decided (names are the measures of the claim in `claims.py`):", ""]
+    lines += [f"- {r.claim.id}: {r.claim.rule.text()}" for r in results if r.claim.rule is not None]
+    lines += ["", "## Contents", ""]
+    grouped: dict[str, list[str]] = {family: [] for family in CATALOG.families}
+    for level, title, slug in headings(outside):
+        if level == 2:
+            grouped[CATALOG.sections.get(title, OTHER)].append(f"[{title}](#{slug})")
+    lines += [f"- {family}: {', '.join(links)}" for family, links in grouped.items() if links]
+    lines.append(END)
+    return "\n".join(lines)
+
+
+def _with_section(text: str, experiment: str, section: str) -> str:
+    """``text`` with ``experiment``'s section (between its markers) replaced, or appended when it has none."""
+    begin, end = f"<!-- experiment: {experiment} -->", f"<!-- /experiment: {experiment} -->"
+    block = f"{begin}\n{section.rstrip()}\n{end}"
+    pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.DOTALL)
+    if pattern.search(text):
+        return pattern.sub(lambda _: block, text)
+    return text.rstrip() + "\n\n" + block + "\n"
+
+
+def _with_dashboard(text: str, block: str) -> str:
+    """``text`` with ``block`` in place of its generated block, or before its first section when it has none."""
+    before, old, after = split_block(text)
+    if old is not None:
+        return before + block + after
+    match = re.search(r"^(<!-- experiment: |## )", text, flags=re.MULTILINE)
+    if match is None:
+        return text.rstrip() + "\n\n" + block + "\n"
+    return text[: match.start()] + block + "\n\n" + text[match.start() :]
+
+
+def write_results(
+    path: Path,
+    section: tuple[str, str] | None = None,
+    claims: Sequence[Claim] = CATALOG.claims,
+    dashboard: bool | None = None,
+) -> bool:
+    """Write the results page ``path``: ``section`` = ``(experiment, markdown)`` replaces or appends that
+    experiment's section; the dashboard is then regenerated from the results under the page's folder
+    (``dashboard``: always, or only when the page already has one, the default). One atomic write. Returns
+    whether the page changed."""
+    old = path.read_text() if path.is_file() else "# Results\n"
+    text = old if section is None else _with_section(old, *section)
+    if dashboard or (dashboard is None and split_block(text)[1] is not None):
+        text = _with_dashboard(text, render_dashboard(text, path.parent, claims))
+    if text == old and path.is_file():
+        return False
+    atomic_write_text(path, text)
+    return True
