@@ -32,9 +32,16 @@ from latentloop.experiments.claims import (
 from latentloop.experiments.results_page import (
     BEGIN,
     END,
+    HEADLINE_BEGIN,
+    HEADLINE_CELL,
+    HEADLINE_END,
+    HeadlineRow,
     headings,
+    headline_rows,
     render_dashboard,
+    render_headline,
     split_block,
+    write_headline,
     write_results,
 )
 from tests.test_experiments import write_experiment
@@ -291,7 +298,9 @@ def test_the_block_is_inserted_before_the_sections_and_rewritten_in_place(tmp_pa
     assert write_results(path, claims=claims, dashboard=True)
     text = path.read_text()
     assert text.index(BEGIN) < text.index(END) < text.index("<!-- experiment: nqueens8-fast -->")
-    assert "| N-Queens 8x8: GRAM above TRM in accuracy and coverage |" in text
+    assert (
+        '| <a id="claim-nq8-gram-vs-trm"></a>N-Queens 8x8: GRAM above TRM in accuracy and coverage |' in text
+    )
     assert "[nqueens8-fast](#nqueens8-fast); `latentloop run nqueens8-fast`" in text
     assert "2 claims: 1 reproduced, 0 partly, 0 not, 1 not tried." in text
     assert not write_results(path, claims=claims)  # nothing changed
@@ -377,3 +386,55 @@ def test_every_template_names_only_its_measures_and_the_constants():
         nones = dict.fromkeys(claim.measures)
         for template in (claim.figure, claim.scale):
             fill(template, nones)  # a name it lacks raises KeyError
+
+
+# The README's headline table ---------------------------------------------------------------------------------------
+
+README = ROOT / "README.md"
+
+
+def test_the_readme_headline_is_regenerated_from_the_committed_results():
+    text = README.read_text()
+    match = HEADLINE_BEGIN.search(text)
+    assert match is not None and match.group(1) == "docs/RESULTS.md"
+    block = text[match.start() : text.index(HEADLINE_END) + len(HEADLINE_END)]
+    assert block == render_headline("docs/RESULTS.md", RESULTS.parent), (
+        "README.md's headline table is stale: run `latentloop run --dashboard README.md`"
+    )
+    anchors = {f"claim-{claim.id}" for claim in CLAIMS}
+    rows = [line for line in block.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    assert len(rows) == len(headline_rows())
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split(" | ")]
+        assert all(len(c) <= HEADLINE_CELL for c in cells[:2]), row
+        assert cells[2].split("#", 1)[1].rstrip(")") in anchors
+
+
+def test_a_headline_cell_over_the_limit_is_refused(tmp_path):
+    _write(tmp_path, "results/default/results.json", _reasoners(gram={"conflicts_total": 7, "coverage": 0.9}))
+    short = HeadlineRow("main job", "gc8-gram-level", "GRAM {conf:.0f} conflicts")
+    assert "| main job | GRAM 7 conflicts | [reproduced](R.md#claim-gc8-gram-level) |" in render_headline(
+        "R.md", tmp_path, [short]
+    )
+    with pytest.raises(ValueError, match="200 characters"):
+        render_headline("R.md", tmp_path, [HeadlineRow("main job", "gc8-gram-level", "x" * 201)])
+
+
+def test_write_headline_rewrites_only_its_block(tmp_path):
+    models = {
+        "gram": {"conflicts_total": 7, "coverage": 0.9},
+        "trm": {"conflicts_total": 90, "coverage": 0.2},
+    }
+    _write(tmp_path, "docs/results/default/results.json", _reasoners(**models))
+    readme = tmp_path / "README.md"
+    readme.write_text(
+        "# top\n\n<!-- headline:begin docs/RESULTS.md -->\nstale\n<!-- headline:end -->\n\ntail\n"
+    )
+    assert main(["run", "--dashboard", str(readme)]) == 0
+    text = readme.read_text()
+    assert text.startswith("# top\n\n<!-- headline:begin docs/RESULTS.md -->") and text.endswith(
+        "end -->\n\ntail\n"
+    )
+    assert "stale" not in text and "| [reproduced](docs/RESULTS.md#claim-gc8-gram-vs-trm) |" in text
+    assert "conflicts 7 against 90; coverage 90.0% against 20.0%" in text
+    assert not write_headline(readme)

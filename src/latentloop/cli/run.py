@@ -11,7 +11,7 @@ import typer
 
 from latentloop.cli.app import app
 from latentloop.errors import UsageError
-from latentloop.experiments.results_page import write_results
+from latentloop.experiments.results_page import regenerate, write_results
 
 
 @app.command("run")
@@ -55,7 +55,8 @@ def run_command(
     dashboard: str = typer.Option(
         None,
         "--dashboard",
-        help="Rewrite the claims dashboard of FILE.md (docs/RESULTS.md) from the committed results and exit.",
+        help="Rewrite the generated blocks of FILE.md from the committed results and exit: the claims dashboard "
+        "of docs/RESULTS.md, the headline table of README.md.",
     ),
     report: str = typer.Option(None, "--report", help="Also write this experiment's section into FILE.md."),
     json_output: bool = typer.Option(False, "--json", help="Print the results as JSON."),
@@ -87,7 +88,7 @@ def run_command(
     if dashboard:
         if not Path(dashboard).is_file():
             raise UsageError(f"--dashboard {dashboard}: no such file")
-        changed = write_results(Path(dashboard), dashboard=True)
+        changed = regenerate(Path(dashboard))
         typer.echo(f"{'updated' if changed else 'unchanged'} {dashboard}")
         return
     budget = None

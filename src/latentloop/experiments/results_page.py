@@ -13,11 +13,15 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from latentloop.experiments.claims import (
     CATALOG,
+    CLAIMS_FILE,
     NOT,
     NOT_TRIED,
     PARTLY,
@@ -25,11 +29,16 @@ from latentloop.experiments.claims import (
     STATUSES,
     Claim,
     evaluate,
+    fill,
 )
 from latentloop.io import atomic_write_text
 
 BEGIN = "<!-- claims:begin -->"
 END = "<!-- claims:end -->"
+# The README's headline table: its begin marker names the results page whose claims it shows.
+HEADLINE_BEGIN = re.compile(r"<!-- headline:begin (\S+) -->")
+HEADLINE_END = "<!-- headline:end -->"
+HEADLINE_CELL = 200  # characters at most in a cell of the headline table
 OTHER = CATALOG.families[-1]  # where a section that claims.yaml does not name is listed
 
 
@@ -83,6 +92,11 @@ def _command(section: str | None) -> str | None:
     return " ".join(match.group(1).split()) if match else None
 
 
+def row_anchor(claim_id: str) -> str:
+    """The anchor of a claim's row in the dashboard."""
+    return f"claim-{claim_id}"
+
+
 def cell(text: str) -> str:
     """``text`` safe inside a markdown table cell."""
     return text.replace("|", "\\|").replace("\n", " ")
@@ -134,7 +148,8 @@ def render_dashboard(text: str, base: Path, claims: Sequence[Claim] = CATALOG.cl
                 where.append(f"`{command}`")
             if claim.source is not None and result.status != NOT_TRIED:
                 where.append(f"[{Path(claim.source).name}]({claim.source})")
-            cells = [claim.text, claim.paper, result.figure, result.scale or "-", result.status]
+            text = f'<a id="{row_anchor(claim.id)}"></a>{claim.text}'
+            cells = [text, claim.paper, result.figure, result.scale or "-", result.status]
             lines.append("| " + " | ".join(cell(c) for c in [*cells, "; ".join(where) or "-"]) + " |")
     lines += ["", "How each status is decided (names are the measures of the claim in `claims.py`):", ""]
     lines += [f"- {r.claim.id}: {r.claim.rule.text()}" for r in results if r.claim.rule is not None]
@@ -187,3 +202,67 @@ def write_results(
         return False
     atomic_write_text(path, text)
     return True
+
+
+@dataclass(frozen=True)
+class HeadlineRow:
+    """A row of the README's headline table: what was measured (``result``), the claim it reads, and the template
+    of its ``measured`` cell over that claim's measures (the claim's figure when empty)."""
+
+    result: str
+    claim: str
+    measured: str = ""
+
+
+def headline_rows(path: Path = CLAIMS_FILE) -> list[HeadlineRow]:
+    """The headline rows of the claims file."""
+    return [HeadlineRow(**row) for row in yaml.safe_load(path.read_text()).get("headline", [])]
+
+
+def render_headline(page: str, base: Path, rows: Sequence[HeadlineRow] | None = None) -> str:
+    """The README's headline table (markers included) from the claims measured under ``base``, the folder of
+    the results page ``page`` (the link written in the table, relative to the README). Raises ValueError when a
+    cell is longer than :data:`HEADLINE_CELL`."""
+    lines = [
+        f"<!-- headline:begin {page} -->",
+        "<!-- Generated from the committed results by `latentloop run --dashboard README.md`"
+        " (src/latentloop/experiments/claims.yaml); do not edit by hand. -->",
+        "",
+        "| result | measured | status |",
+        "|---|---|---|",
+    ]
+    cache: dict[Path, Any] = {}
+    for row in headline_rows() if rows is None else rows:
+        result = evaluate(CATALOG.claim(row.claim), base, cache)
+        measured = fill(row.measured, result.values) if row.measured and result.values else result.figure
+        if max(len(row.result), len(measured)) > HEADLINE_CELL:
+            raise ValueError(f"headline row of {row.claim}: a cell over {HEADLINE_CELL} characters")
+        status = f"[{result.status}]({page}#{row_anchor(row.claim)})"
+        lines.append(f"| {cell(row.result)} | {cell(' '.join(measured.split()))} | {status} |")
+    lines.append(HEADLINE_END)
+    return "\n".join(lines)
+
+
+def write_headline(path: Path) -> bool:
+    """Regenerate the headline table of the markdown file ``path`` (a README) from the results page its block
+    names. Returns whether the file changed; a file without the block is left alone."""
+    text = path.read_text()
+    match = HEADLINE_BEGIN.search(text)
+    stop = text.find(HEADLINE_END, match.end()) if match else -1
+    if match is None or stop < 0:
+        return False
+    page = match.group(1)
+    block = render_headline(page, (path.parent / page).parent)
+    new = text[: match.start()] + block + text[stop + len(HEADLINE_END) :]
+    if new == text:
+        return False
+    atomic_write_text(path, new)
+    return True
+
+
+def regenerate(path: Path) -> bool:
+    """Regenerate the generated blocks of the markdown file ``path``: a README's headline table when it has
+    one, else a results page's dashboard (inserted when missing). Returns whether the file changed."""
+    if HEADLINE_BEGIN.search(path.read_text()):
+        return write_headline(path)
+    return write_results(path, dashboard=True)
