@@ -13,12 +13,11 @@ run's losses exactly on the same machine.
 
 from __future__ import annotations
 
-import functools
 import math
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +90,262 @@ def fitted_steps(objective: Objective, step: int, flops_per_s: float, seconds_le
     return low
 
 
+@dataclass
+class _Run:
+    """One call's training run: what :func:`_open` built, the steps done, and the window of steps since the last
+    logged one. The hooks (:class:`_BudgetFit`, :class:`_Progress`, :class:`_Cadence`) read and advance it."""
+
+    config: Any
+    out: Path
+    ctx: dist.DistContext
+    objective: Objective
+    updates: Updates
+    metrics: MetricsLog
+    precision: str
+    started: float
+    log: Callable[[str], None] | None
+    stop_at: int | None
+    step: int = 0
+    seen: int = 0
+    resumed_from: int = 0
+    fitted: int | None = None  # train.fit_steps: the steps fitted to the budget, once they are
+    last_saved: Path | None = None
+    saved_step: int = -1
+    last_eval: dict[str, Any] | None = None
+    losses: list[float] = field(default_factory=list)
+    window_seen: int = 0
+    window_time: float = 0.0
+
+    @property
+    def tc(self) -> Any:
+        return self.config.train
+
+    @property
+    def end_step(self) -> int:
+        """Where this call stops: the schedule's end, or ``stop_at`` when that comes first."""
+        return self.tc.steps if self.stop_at is None else min(self.tc.steps, self.stop_at)
+
+    @property
+    def budget_s(self) -> float:
+        return self.tc.budget_minutes * 60 if self.tc.budget_minutes else math.inf
+
+    @property
+    def rate(self) -> float:
+        """Examples (or tokens) per second over the window."""
+        return self.window_seen / max(self.window_time, 1e-9)
+
+    def say(self, line: str) -> None:
+        if self.log:
+            self.log(line)
+
+    def train_step(self) -> list[float]:
+        """One step of the objective; its losses."""
+        tick = time.perf_counter()
+        try:
+            losses, consumed = self.objective.train_step(self.step, self.updates)
+        except TrainingError as error:
+            raise TrainingError(
+                f"{error}; last checkpoint: {self.last_saved or 'none'}; try a lower train.lr"
+            ) from None
+        self.step, self.seen = self.step + 1, self.seen + consumed
+        self.losses.extend(losses)
+        self.window_seen += consumed
+        self.window_time += time.perf_counter() - tick
+        return losses
+
+    def save(self) -> None:
+        """A checkpoint of the state after ``step`` steps: every rank hands its RNG states to rank 0, which alone
+        writes it."""
+        rank_rng = dist.gather_objects(capture_rank_rng(), self.ctx)
+        saved_model, saved_optimizer = self.objective.saved_parts(self.updates.optimizer)
+        path = self.out / "checkpoints" / checkpoint_name(self.step)
+        if self.ctx.is_main:
+            trainer_state = {
+                self.objective.seen: self.seen,
+                "flops": self.objective.flops,
+                "train_seconds": time.perf_counter() - self.started,
+                "precision": self.precision,
+                "seed": self.tc.seed,
+                "world_size": self.ctx.world_size,
+                **({"fitted_steps": self.fitted} if self.fitted else {}),
+                **self.objective.checkpoint_state(),
+            }
+            path = save_checkpoint(
+                self.out,
+                self.step,
+                saved_model,
+                saved_optimizer,
+                trainer_state,
+                self.tc.keep_checkpoints,
+                rank_rng=rank_rng,
+            )
+        dist.barrier(self.ctx)
+        self.last_saved, self.saved_step = path, self.step
+
+    def evaluate(self) -> None:
+        record, line = self.objective.evaluate(self.step)
+        self.metrics.write(record)
+        self.say(line)
+        self.last_eval = record
+
+    def should_stop(self, interrupt: InterruptFlag) -> bool:
+        """Between steps: whether the time budget is spent (an interruption saves a checkpoint and raises)."""
+        unsaved = self.save if self.step > self.saved_step else None
+        return interrupt.should_stop(self.ctx, self.started, self.budget_s, checkpoint=unsaved)
+
+    def result(self, stopped: str) -> TrainResult:
+        return TrainResult(
+            out_dir=self.out,
+            step=self.step,
+            losses=self.losses,
+            checkpoint=self.last_saved,
+            stopped=stopped,
+            precision=self.precision,
+            elapsed_s=time.perf_counter() - self.started,
+            resumed_from=self.resumed_from,
+            counts={**self.objective.counts(self.seen), "flops": self.objective.flops},
+            last_eval=self.last_eval,
+        )
+
+
+def _open(config: Any, out: Path, log: Callable[[str], None] | None, stop_at: int | None) -> _Run:
+    """The run in ``out``, ready for its first step: the folder, the task's data, the model and optimizer
+    (restored from the newest checkpoint when there is one), the precision and ``config.yaml``."""
+    started = time.perf_counter()
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} exists and is not a folder")
+    tc = config.train
+    task = get_task(config.task.name, **config.task.options)
+    settle_vector_math()
+    ctx, device = dist.setup(resolve_device(tc.device))
+    dist.check_batch(tc.batch_size, ctx)
+    log = log if ctx.is_main else None
+    objective = OBJECTIVES[type(config)](config, task, out, ctx, device)
+    fresh = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        objective.setup()
+    except UsageError:
+        if fresh and ctx.is_main:  # a config the data refuses leaves no run folder behind
+            shutil.rmtree(out, ignore_errors=True)
+        raise
+    seed_everything(tc.seed)
+    found = dist.broadcast_object(str(latest_checkpoint(out) or ""), ctx)  # rank 0 picks it for all
+    checkpoint = Path(found) if found else None
+    optimizer = build_optimizer(objective.build(checkpoint), tc.lr, tc.betas, tc.weight_decay, tc.eps)
+    step, seen, state, fitted = 0, 0, None, None
+    if checkpoint is not None:
+        state, torch_rng = load_training_state(checkpoint, optimizer)
+        step, seen = state["step"], int(state.get(objective.seen, 0))
+        objective.flops = int(state.get("flops", 0))
+        started -= float(state.get("train_seconds", 0.0))  # the budget covers the whole run
+        if state.get("fitted_steps"):  # the schedule this run fitted to its budget when it started
+            fitted = tc.steps = int(state["fitted_steps"])
+        restore_training_rng(state, torch_rng, ctx.rank, ctx.world_size)
+        objective.resume(checkpoint, log)
+        if log:
+            log(f"resuming from {checkpoint} (step {step})")
+    # "auto" times matmuls, which may come out differently on each rank: rank 0's choice holds for all, and a
+    # resumed run keeps the choice it made when it started.
+    requested = resumed_precision(tc.precision, state)
+    width, hidden = objective.precision_probe()
+    precision = dist.broadcast_object(
+        choose_precision(requested, width, hidden, tc.batch_size * task.seq_len, device), ctx
+    )
+    objective.precision = precision
+    optimizer = objective.prepare(optimizer, checkpoint)
+    updates = Updates(optimizer, objective.model, tc, objective.updates_per_step)
+    if ctx.is_main:
+        save_run_config(config, out / "config.yaml")
+    metrics = MetricsLog(out, step, tc.tensorboard, enabled=ctx.is_main)
+    return _Run(
+        config,
+        out,
+        ctx,
+        objective,
+        updates,
+        metrics,
+        precision,
+        started,
+        log,
+        stop_at,
+        step=step,
+        seen=seen,
+        resumed_from=step,
+        fitted=fitted,
+        last_saved=checkpoint,
+        saved_step=step if checkpoint is not None else -1,
+    )
+
+
+class _BudgetFit:
+    """``train.fit_steps``: steps ``[fit_from, fit_to)`` of this call are timed (the first ``FIT_SKIP`` compile),
+    then the schedule becomes the longest that fits what is left of the budget at that speed
+    (:func:`fitted_steps`). The fitted schedule is the run's from then on (``train.steps``, which the objective's
+    curriculum and learning rate read), and its checkpoints keep it."""
+
+    def __init__(self, run: _Run, bar: ProgressBar) -> None:
+        self.active = run.tc.fit_steps and run.fitted is None
+        self.fit_from = run.step + FIT_SKIP
+        self.fit_to = self.fit_from + max(FIT_MIN_STEPS, math.ceil(FIT_SHARE * run.tc.steps))
+        self.mark: tuple[float, int] = (0.0, 0)
+        self.bar = bar
+
+    def after_step(self, run: _Run) -> None:
+        if self.active and run.step == self.fit_from:
+            self.mark = time.perf_counter(), run.objective.flops
+        elif self.active and run.step == self.fit_to:
+            rate = (run.objective.flops - self.mark[1]) / max(time.perf_counter() - self.mark[0], 1e-9)
+            left = FIT_FILL * run.budget_s - (time.perf_counter() - run.started)
+            steps = fitted_steps(run.objective, run.step, rate, left, run.tc.steps)
+            run.fitted = run.tc.steps = dist.broadcast_object(steps, run.ctx)
+            self.active = False
+            self.bar.set_total(run.tc.steps)
+            run.say(f"schedule fitted to the budget: {run.tc.steps} steps ({rate:.3g} FLOP/s)")
+
+
+class _Progress:
+    """The progress bar and this machine's pace: once the speed is measured on the first steps
+    (:class:`~latentloop.train.monitor.Pace`), the expected seconds of the whole schedule (the time spent so far
+    included) go to ``on_pace`` and to the log; the bar's time left follows the same measure."""
+
+    def __init__(self, run: _Run, bar: ProgressBar, on_pace: Callable[[float], None] | None) -> None:
+        self.pace, self.bar, self.on_pace = Pace(run.step, skip=FIT_SKIP), bar, on_pace
+
+    def after_step(self, run: _Run) -> None:
+        self.pace.observe(run.step, run.objective.flops)
+        left = None  # priced only where the bar shows it or the estimate is announced
+        if self.bar.enabled or self.pace.ready(run.step):
+            planned = run.objective.schedule_flops(run.tc.steps, run.step, run.objective.flops)
+            left = self.pace.seconds_left(planned, run.objective.flops)
+        if self.pace.ready(run.step) and left is not None:
+            expected = time.perf_counter() - run.started + left
+            if self.on_pace is not None:
+                self.on_pace(expected)
+            run.say(f"the {run.tc.steps} steps take about {expected / 60:.1f} min on this machine")
+        accuracy = run.last_eval.get("accuracy") if run.last_eval else None
+        self.bar.update(run.step, run.losses[-1], run.rate, accuracy, schedule_left=left)
+
+
+class _Cadence:
+    """Every ``train.log_every`` steps (and at the end of the call) a training record, every ``eval_every`` an
+    evaluation, every ``checkpoint_every`` a checkpoint."""
+
+    def after_step(self, run: _Run) -> None:
+        tc = run.tc
+        if run.step % tc.log_every == 0 or run.step == run.end_step:
+            record, line = run.objective.train_record(run.seen, run.rate, run.updates.lr)
+            record = {"kind": "train", "step": run.step, **record, "flops": run.objective.flops}
+            record["elapsed_s"] = round(time.perf_counter() - run.started, 3)
+            run.metrics.write(record)
+            run.say(f"step {run.step:>6}  {line}")
+            run.window_seen, run.window_time = 0, 0.0
+        if tc.eval_every and tc.eval_size and run.step % tc.eval_every == 0:
+            run.evaluate()
+        if tc.checkpoint_every and run.step % tc.checkpoint_every == 0:
+            run.save()
+
+
 @dist.leaves_group
 def train(
     config: Any,
@@ -109,186 +364,40 @@ def train(
     an interruption would), with a checkpoint, without changing the schedule. Raises :class:`TrainingError`
     when the loss stops being finite.
 
-    Once this machine's speed is measured on the first steps (:class:`~latentloop.train.monitor.Pace`), the
-    expected wall-clock seconds of the whole schedule (the time spent so far included) go to ``on_pace``, and
-    to ``log`` as a line; the progress bar's time left follows the same measure.
+    Once this machine's speed is measured on the first steps, the expected wall-clock seconds of the whole
+    schedule go to ``on_pace``, and to ``log`` as a line (:class:`_Progress`).
 
     Launched by ``torchrun`` (``WORLD_SIZE > 1``) it trains data-parallel; only rank 0 writes to ``out_dir``
     and logs, and every rank returns the same result.
     """
-    started = time.perf_counter()
-    out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out} exists and is not a folder")
-    tc = config.train
-    task = get_task(config.task.name, **config.task.options)
-    settle_vector_math()
-    ctx, device = dist.setup(resolve_device(tc.device))
-    dist.check_batch(tc.batch_size, ctx)
-    if not ctx.is_main:
-        progress, log = False, None
-    objective = OBJECTIVES[type(config)](config, task, out, ctx, device)
-    fresh = not out.exists()
-    out.mkdir(parents=True, exist_ok=True)
-    try:
-        objective.setup()
-    except UsageError:
-        if fresh and ctx.is_main:  # a config the data refuses leaves no run folder behind
-            shutil.rmtree(out, ignore_errors=True)
-        raise
-
-    seed_everything(tc.seed)
-    found = dist.broadcast_object(str(latest_checkpoint(out) or ""), ctx)  # rank 0 picks it for all
-    checkpoint = Path(found) if found else None
-    optimizer = build_optimizer(objective.build(checkpoint), tc.lr, tc.betas, tc.weight_decay, tc.eps)
-    start_step, seen, state = 0, 0, None
-    fitted: int | None = None  # train.fit_steps: the steps fitted to the budget, once they are
-    if checkpoint is not None:
-        state, torch_rng = load_training_state(checkpoint, optimizer)
-        start_step, seen = state["step"], int(state.get(objective.seen, 0))
-        objective.flops = int(state.get("flops", 0))
-        started -= float(state.get("train_seconds", 0.0))  # the budget covers the whole run
-        if state.get("fitted_steps"):  # the schedule this run fitted to its budget when it started
-            fitted = tc.steps = int(state["fitted_steps"])
-        restore_training_rng(state, torch_rng, ctx.rank, ctx.world_size)
-        objective.resume(checkpoint, log)
-        if log:
-            log(f"resuming from {checkpoint} (step {start_step})")
-    # "auto" times matmuls, which may come out differently on each rank: rank 0's choice holds for all, and a
-    # resumed run keeps the choice it made when it started.
-    requested = resumed_precision(tc.precision, state)
-    width, hidden = objective.precision_probe()
-    precision = dist.broadcast_object(
-        choose_precision(requested, width, hidden, tc.batch_size * task.seq_len, device), ctx
-    )
-    objective.precision = precision
-    optimizer = objective.prepare(optimizer, checkpoint)
-    updates = Updates(optimizer, objective.model, tc, objective.updates_per_step)
-    if ctx.is_main:
-        save_run_config(config, out / "config.yaml")
-
-    metrics = MetricsLog(out, start_step, tc.tensorboard, enabled=ctx.is_main)
-    end_step = tc.steps if stop_at is None else min(tc.steps, stop_at)
-    budget_s = tc.budget_minutes * 60 if tc.budget_minutes else math.inf
-    # train.fit_steps: steps [fit_from, fit_to) of this call are timed (the first FIT_SKIP compile), then the
-    # schedule is fitted to what is left of the budget.
-    fitting = tc.fit_steps and fitted is None
-    fit_from = start_step + FIT_SKIP
-    fit_to = fit_from + max(FIT_MIN_STEPS, math.ceil(FIT_SHARE * tc.steps))
-    fit_start: tuple[float, int] = (0.0, 0)
-    losses: list[float] = []
-    last_eval: dict[str, Any] | None = None
-    last_saved, saved_step = checkpoint, (start_step if checkpoint is not None else -1)
-    stopped, step = "steps", start_step
-    window_seen, window_time = 0, 0.0
+    run = _open(config, Path(out_dir), log, stop_at)
     phase = f"{progress} train" if isinstance(progress, str) else "train"
-    bar = ProgressBar(bool(progress), tc.steps, start_step, phase, objective.unit, budget_s, started)
-    pace = Pace(start_step, skip=FIT_SKIP)
-
-    def save(at: int) -> Path:
-        # Every rank hands its RNG states to rank 0, which alone writes the checkpoint.
-        rank_rng = dist.gather_objects(capture_rank_rng(), ctx)
-        saved_model, saved_optimizer = objective.saved_parts(updates.optimizer)
-        path = out / "checkpoints" / checkpoint_name(at)
-        if ctx.is_main:
-            trainer_state = {
-                objective.seen: seen,
-                "flops": objective.flops,
-                "train_seconds": time.perf_counter() - started,
-                "precision": precision,
-                "seed": tc.seed,
-                "world_size": ctx.world_size,
-                **({"fitted_steps": fitted} if fitted else {}),
-                **objective.checkpoint_state(),
-            }
-            path = save_checkpoint(
-                out, at, saved_model, saved_optimizer, trainer_state, tc.keep_checkpoints, rank_rng=rank_rng
-            )
-        dist.barrier(ctx)
-        return path
-
-    def evaluate() -> dict[str, Any]:
-        record, line = objective.evaluate(step)
-        metrics.write(record)
-        if log:
-            log(line)
-        return record
-
-    interrupt = InterruptFlag()
+    bar = ProgressBar(
+        bool(progress) and run.ctx.is_main,
+        run.tc.steps,
+        run.step,
+        phase,
+        run.objective.unit,
+        run.budget_s,
+        run.started,
+    )
+    hooks = (_BudgetFit(run, bar), _Progress(run, bar, on_pace), _Cadence())
+    stopped, interrupt = "steps", InterruptFlag()
     try:
         with bar, interrupt:
-            while step < end_step:
-                unsaved = functools.partial(save, step) if step > saved_step else None
-                if interrupt.should_stop(ctx, started, budget_s, checkpoint=unsaved):
+            while run.step < run.end_step:
+                if run.should_stop(interrupt):
                     stopped = "budget"
                     break
-                tick = time.perf_counter()
-                try:
-                    step_losses, consumed = objective.train_step(step, updates)
-                except TrainingError as error:
-                    raise TrainingError(
-                        f"{error}; last checkpoint: {last_saved or 'none'}; try a lower train.lr"
-                    ) from None
-                step += 1
-                seen += consumed
-                if fitting and step == fit_from:
-                    fit_start = time.perf_counter(), objective.flops
-                elif fitting and step == fit_to:
-                    rate = (objective.flops - fit_start[1]) / max(time.perf_counter() - fit_start[0], 1e-9)
-                    left = FIT_FILL * budget_s - (time.perf_counter() - started)
-                    fitted = dist.broadcast_object(fitted_steps(objective, step, rate, left, tc.steps), ctx)
-                    fitting, tc.steps = False, fitted
-                    end_step = tc.steps if stop_at is None else min(tc.steps, stop_at)
-                    bar.set_total(tc.steps)
-                    if log:
-                        log(f"schedule fitted to the budget: {tc.steps} steps ({rate:.3g} FLOP/s)")
-                losses.extend(step_losses)
-                window_seen += consumed
-                window_time += time.perf_counter() - tick
-                rate = window_seen / max(window_time, 1e-9)
-                pace.observe(step, objective.flops)
-                left = None  # priced only where the bar shows it or the estimate is announced
-                if bar.enabled or pace.ready(step):
-                    planned = objective.schedule_flops(tc.steps, step, objective.flops)
-                    left = pace.seconds_left(planned, objective.flops)
-                if pace.ready(step) and left is not None:
-                    expected = time.perf_counter() - started + left
-                    if on_pace is not None:
-                        on_pace(expected)
-                    if log:
-                        log(f"the {tc.steps} steps take about {expected / 60:.1f} min on this machine")
-                accuracy = last_eval.get("accuracy") if last_eval else None
-                bar.update(step, step_losses[-1], rate, accuracy, schedule_left=left)
-                if step % tc.log_every == 0 or step == end_step:
-                    record, line = objective.train_record(seen, rate, updates.lr)
-                    record = {"kind": "train", "step": step, **record, "flops": objective.flops}
-                    record["elapsed_s"] = round(time.perf_counter() - started, 3)
-                    metrics.write(record)
-                    if log:
-                        log(f"step {step:>6}  {line}")
-                    window_seen, window_time = 0, 0.0
-                if tc.eval_every and tc.eval_size and step % tc.eval_every == 0:
-                    last_eval = evaluate()
-                if tc.checkpoint_every and step % tc.checkpoint_every == 0:
-                    last_saved = save(step)
-                    saved_step = step
-            if stop_at is not None and step >= stop_at and step < tc.steps:
+                run.train_step()
+                for hook in hooks:
+                    hook.after_step(run)
+            if stop_at is not None and stop_at <= run.step < run.tc.steps:
                 stopped = "stop_at"
-        if step != saved_step:
-            last_saved = save(step)
-        if stopped != "stop_at" and tc.eval_size and (last_eval is None or last_eval["step"] != step):
-            last_eval = evaluate()
+        if run.step != run.saved_step:
+            run.save()
+        if stopped != "stop_at" and run.tc.eval_size and (run.last_eval or {}).get("step") != run.step:
+            run.evaluate()
     finally:
-        metrics.close()
-    return TrainResult(
-        out_dir=out,
-        step=step,
-        losses=losses,
-        checkpoint=last_saved,
-        stopped=stopped,
-        precision=precision,
-        elapsed_s=time.perf_counter() - started,
-        resumed_from=start_step,
-        counts={**objective.counts(seen), "flops": objective.flops},
-        last_eval=last_eval,
-    )
+        run.metrics.close()
+    return run.result(stopped)
