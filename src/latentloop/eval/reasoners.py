@@ -29,6 +29,7 @@ from tqdm import tqdm
 from latentloop.data.dataset import PuzzleDataset, load_dataset
 from latentloop.errors import UsageError
 from latentloop.eval.arc import evaluate_arc, solve_arc_puzzle
+from latentloop.eval.gap import prior_posterior_gap
 from latentloop.eval.grid import ComputeGrid
 from latentloop.eval.metrics import (
     EXAMPLES,
@@ -444,6 +445,8 @@ def evaluate_reasoner(
                 )
             if compute is not None:
                 report["compute"] = compute
+            if model.has_posterior:  # GRAM: what its prior has learned of what its posterior knows
+                report["gap"] = prior_posterior_gap(model, the_task, dataset.split("train"), seed=seed)
     report = {"run": str(run), "checkpoint": str(checkpoint), "model": model.arch, "seed": seed, **report}
     if split != "test":
         report["split"] = split
@@ -580,6 +583,15 @@ def markdown_table(report: dict[str, Any]) -> str:
     for p in report["curve_samples"]:
         row = f"| {p['samples']} | {100 * p['vote']:.1f}% | {100 * p['value']:.1f}% |"
         lines.append(row + (f" {100 * p['coverage']:.1f}% |" if has_cov else ""))
+    if "gap" in report:
+        gap = report["gap"]
+        lines += [
+            "",
+            f"On {gap['puzzles']} training puzzles, {gap['steps']} steps, one sample: prior "
+            f"{100 * gap['prior_valid']:.1f}%, posterior {100 * gap['posterior_valid']:.1f}% (gap "
+            f"{100 * gap['gap']:.1f} points); KL {gap['kl']:.2f} nats per sample; the prior halts after "
+            f"{gap['prior_halt_steps']:.1f} steps, the posterior after {gap['posterior_halt_steps']:.1f}.",
+        ]
     if "compute" in report:
         lines += ["", *compute_table({report.get("model", "model"): report})]
     return "\n".join(lines) + "\n"
@@ -692,10 +704,14 @@ def plot_compute(reports: dict[str, dict[str, Any]], path: Path, title: str = ""
 
 
 def plot_curves(report: dict[str, Any], path: Path) -> None:
-    """Accuracy against steps and against samples, side by side, as a PNG."""
+    """Accuracy against steps and against samples, side by side, as a PNG; for GRAM a third panel, the gap
+    between its prior and its posterior on training puzzles (:mod:`latentloop.eval.gap`), with the KL of each
+    supervision step."""
     plt = pyplot()
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.5))
+    gap = report.get("gap")
+    fig, axes = plt.subplots(1, 3 if gap else 2, figsize=(13.5 if gap else 9, 3.5))
+    left, right = axes[0], axes[1]
     left.plot(
         [p["steps"] for p in report["curve_steps"]], [p["accuracy"] for p in report["curve_steps"]], "o-"
     )
@@ -706,6 +722,15 @@ def plot_curves(report: dict[str, Any], path: Path) -> None:
             right.plot(ks, [p[key] for p in report["curve_samples"]], "o-", label=key)
     right.set(xlabel="samples", title=f"width ({report['steps']} steps)")
     right.legend()
+    if gap:
+        steps = range(1, len(gap["kl_per_step"]) + 1)
+        axes[2].bar(steps, gap["kl_per_step"], color="tab:gray")
+        axes[2].set(
+            xlabel="supervision step",
+            ylabel="KL (nats per sample)",
+            title=f"training puzzles: prior {100 * gap['prior_valid']:.0f}%, "
+            f"posterior {100 * gap['posterior_valid']:.0f}%",
+        )
     fig.tight_layout()
     save_png(fig, path)
 

@@ -38,7 +38,8 @@ from safetensors.torch import load_file, save_file
 
 from latentloop.data.labels import IGNORE_LABEL, STORED_IGNORE, label_tokens
 from latentloop.errors import UsageError
-from latentloop.eval.metrics import answer_exact, quick_accuracy, unique_rows
+from latentloop.eval.gap import gap_line, prior_posterior_gap
+from latentloop.eval.metrics import answer_exact, answers_valid, quick_accuracy, unique_rows
 from latentloop.models.reasoners import REASONERS, Reasoner, build_reasoner, num_parameters
 from latentloop.models.reasoners.heads import continue_target, halt_decision
 from latentloop.nn.flops import FlopCounter
@@ -81,9 +82,11 @@ class DeepSupervision(Objective):
 
     def setup(self) -> None:
         config, ctx = self.config, self.ctx
-        if self.tc.nearest_target and not (config.arch == "gram" and config.model.prior_share > 0):
+        prior_rows = config.model.prior_share > 0 or config.model.carry == "prior"
+        if self.tc.nearest_target and not (config.arch == "gram" and prior_rows):
             raise UsageError(
-                "train.nearest_target needs GRAM samples on the prior's noise (model.prior_share > 0)"
+                "train.nearest_target needs GRAM samples on the prior's noise (model.prior_share > 0 or "
+                "model.carry=prior)"
             )
         if self.tc.nearest_target and not self.task.lists_completions:
             raise UsageError(
@@ -153,15 +156,26 @@ class DeepSupervision(Objective):
             if tc.step_weight_decay != 1:
                 weights = step_weights(tc.step_weight_decay, depth.n_sup, samples.step_index(n))
             with self.autocast(), recursion(model, depth):
+                if tc.nearest_target and self.config.model.carry == "prior":
+                    # the posterior finishes the answer the prior's trajectory has begun, not the label's
+                    with torch.no_grad():
+                        begun = model.logits_of(carry["h"])
+                    every_row = torch.ones(len(labels), dtype=torch.bool, device=labels.device)
+                    labels = nearest_labels(self.task, batch["inputs"], labels, begun, every_row)
                 carry, output = model(carry, batch, target=labels)
-                if tc.nearest_target:
+                if tc.nearest_target and "unguided" in carry:
                     labels = nearest_labels(
                         self.task, batch["inputs"], labels, output.logits, carry["unguided"]
                     )
                 target_q = None
                 if self.config.model.halting == "q-learning":
                     target_q = next_step_continue_target(model, carry, batch, labels, last)
-                loss, parts = supervision_loss(output, labels, depth.beta, tc, target_q, weights)
+                verdict = None
+                if self.config.model.heads == "prior" and output.prior_logits is not None:
+                    verdict = self.judge(batch["inputs"], output.prior_logits, labels)
+                loss, parts = supervision_loss(
+                    output, labels, depth.beta, tc, target_q, weights, self.config.model.prior_ce, verdict
+                )
             value = float(loss.detach())
             if ctx.enabled:  # equal shards: the mean over ranks is the loss of the whole batch
                 value, *averaged = dist.all_reduce_mean([value, *parts.values()], ctx)
@@ -184,6 +198,14 @@ class DeepSupervision(Objective):
             self.parts = tuple(parts)
         (loaded,) = dist.all_reduce_sum([samples.take_loaded()], ctx)
         return losses, int(loaded)
+
+    @torch.no_grad()
+    def judge(self, inputs: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """``[B]`` float: the task's verifier's verdict on each argmax answer of ``logits``."""
+        valid = answers_valid(
+            self.task, inputs.cpu().numpy(), logits.argmax(-1).cpu().numpy(), labels.cpu().numpy()
+        )
+        return torch.from_numpy(valid).to(device=logits.device, dtype=torch.float32)
 
     def update_flops(self, depth: Depth) -> int:
         """Training FLOPs of one supervision step of the whole batch at ``depth``: forward and backward, the
@@ -247,6 +269,9 @@ class DeepSupervision(Objective):
         if split == "validation":
             record["split"] = split
             line += " on the validation split"
+        if self.ema.has_posterior and self.ctx.is_main:  # what the prior has learned of the posterior
+            record["gap"] = prior_posterior_gap(self.ema, self.task, self.data["train"], seed=step)
+            line += f"; {gap_line(record['gap'])}"
         return record, line
 
     def saved_parts(self, optimizer: torch.optim.Optimizer) -> tuple[Any, torch.optim.Optimizer]:
@@ -447,49 +472,69 @@ def supervision_loss(
     tc: ReasonerTrainConfig,
     continue_target: torch.Tensor | None = None,
     weights: torch.Tensor | None = None,
+    prior_ce: float = 0.0,
+    verdict: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The loss of one supervision step and its parts (positions labelled ``IGNORE_LABEL`` are not scored).
 
     ``continue_target`` ``[B]`` (Q-learning halting, see :func:`next_step_continue_target`) adds the BCE of
     ``out.continue_logit`` against it to the halting loss. ``weights`` ``[B]`` weigh each sample's loss (the
     supervision-step weights of :mod:`latentloop.train.curriculum`); the parts are reported unweighted.
+    ``prior_ce`` weighs the cross-entropy of ``out.prior_logits`` (GRAM's prior's decode, ``model.prior_ce``).
+    ``verdict`` ``[B]`` (GRAM's ``model.heads=prior``: the verifier on the answer the heads' state decodes to)
+    is then the target of both the halt and the value head, in place of the exact match and the token accuracy
+    of ``out.logits``.
     """
     mask = labels != IGNORE_LABEL
-    logits = out.logits.float()
-    log_probs = stablemax_log_probs(logits) if tc.stablemax else F.log_softmax(logits, -1)
-    token_nll = -log_probs.gather(-1, label_tokens(labels).unsqueeze(-1)).squeeze(-1)
     scored = mask.sum(-1).clamp(min=1)
-    ce_rows = (token_nll * mask).sum(-1) / scored
+
+    def ce_of(logits: torch.Tensor) -> torch.Tensor:
+        log_probs = stablemax_log_probs(logits) if tc.stablemax else F.log_softmax(logits, -1)
+        token_nll = -log_probs.gather(-1, label_tokens(labels).unsqueeze(-1)).squeeze(-1)
+        return (token_nll * mask).sum(-1) / scored
+
+    logits = out.logits.float()
+    ce_rows = ce_of(logits)
     if out.loss is not None:  # the generative baselines' own objective (AR, MDLM)
         ce_rows = out.loss.float()
-    ce = ce_rows.mean()
+    ce = posterior_ce = ce_rows.mean()
+    extra: dict[str, float] = {}
+    if prior_ce and out.prior_logits is not None:
+        prior_rows = ce_of(out.prior_logits.float())
+        extra["prior_ce"] = float(prior_rows.mean().detach())
+        ce_rows = ce_rows + prior_ce * prior_rows
+        ce = posterior_ce + prior_ce * prior_rows.mean()
     with torch.no_grad():
         accuracy = ((logits.argmax(-1) == labels) & mask).sum(-1) / scored
         exact = answer_exact(logits, labels).float()
+    halt_target, value_target = (exact, accuracy) if verdict is None else (verdict, verdict)
     kl = out.kl.float().mean()
-    halt = F.binary_cross_entropy_with_logits(out.halt_logit.float(), exact)
+    halt = F.binary_cross_entropy_with_logits(out.halt_logit.float(), halt_target)
     if continue_target is not None:
         halt = halt + F.binary_cross_entropy_with_logits(out.continue_logit.float(), continue_target.float())
-    value = F.mse_loss(out.value.float(), accuracy)
+    value = F.mse_loss(out.value.float(), value_target)
     if weights is None:
         loss = ce + beta * kl + tc.halt_weight * halt + tc.value_weight * value
     else:
-        halt_rows = F.binary_cross_entropy_with_logits(out.halt_logit.float(), exact, reduction="none")
+        halt_rows = F.binary_cross_entropy_with_logits(out.halt_logit.float(), halt_target, reduction="none")
         if continue_target is not None:
             halt_rows = halt_rows + F.binary_cross_entropy_with_logits(
                 out.continue_logit.float(), continue_target.float(), reduction="none"
             )
         rows = ce_rows + beta * out.kl.float() + tc.halt_weight * halt_rows
-        rows = rows + tc.value_weight * (out.value.float() - accuracy) ** 2
+        rows = rows + tc.value_weight * (out.value.float() - value_target) ** 2
         loss = (rows * weights).mean()
     parts = {
-        "ce": float(ce.detach()),
+        "ce": float(posterior_ce.detach()),
         "kl": float(kl.detach()),
         "halt_loss": float(halt.detach()),
         "value_loss": float(value.detach()),
         "token_acc": float(accuracy.mean()),
         "exact": float(exact.mean()),
+        **extra,
     }
+    if verdict is not None:
+        parts["prior_valid"] = float(verdict.mean())
     return loss, parts
 
 

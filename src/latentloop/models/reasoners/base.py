@@ -43,6 +43,9 @@ INITS = ("default", "lecun")
 GUIDANCE = ("posterior", "prior", "none")
 GUIDED_TRANSITIONS = ("all", "last")
 TARGET_SCALES = ("input", "unscaled")
+GRAM_STATES = ("posterior", "prior")
+KL_REDUCTIONS = ("sum", "mean")
+NOISE_HEADS = ("linear", "swiglu")
 Carry = dict[str, torch.Tensor]
 # arch -> class of every reasoner defined so far: a subclass with an ``arch`` registers itself (see Reasoner).
 REASONERS: dict[str, type[Reasoner]] = {}
@@ -94,6 +97,19 @@ class ReasonerConfig:
     # GRAM's target embedding: scaled by sqrt(dim) as the input's is (input), so the posterior sees y as loudly
     # as u; or unscaled, RMS 1/sqrt(dim), the reading of runs trained before this option; gram.py
     target_scale: str = "input"
+    # Training GRAM where inference runs it (gram.py, "Training the prior where it is used"). carry: the state a
+    # training trajectory carries to its next supervision step, the posterior's sample (the paper) or the
+    # prior's, as at inference. heads: the state the halt and value heads read, the posterior's (the paper) or
+    # the prior's, detached, judged by the task's verifier. prior_ce: the weight of the cross-entropy of the
+    # prior's decode beside the posterior's.
+    carry: str = "posterior"
+    heads: str = "posterior"
+    prior_ce: float = 0.0
+    # GRAM's KL summed over the latent's positions (the paper's reading) or averaged over them; gram.py
+    kl_reduce: str = "sum"
+    # GRAM's noise heads: one linear layer (σ unbounded above), or Table 4's SwiGLU MLP per parameter with
+    # σ in (0, 1]; gram.py
+    noise_head: str = "linear"
     rope_base: float = 10_000.0
     # > 0: the input is a grid of this width read row by row, and attention uses axial 2-D RoPE over its rows
     # and columns (nn.rope.AxialRotaryEmbedding) instead of 1-D RoPE over the flat sequence
@@ -166,6 +182,26 @@ class ReasonerConfig:
             raise UsageError(f"model.prior_share must be in [0, 1), got {self.prior_share}")
         if self.prior_share and self.guidance != "posterior":
             raise UsageError("model.prior_share needs a posterior to share with (model.guidance posterior)")
+        for name, allowed in (
+            ("carry", GRAM_STATES),
+            ("heads", GRAM_STATES),
+            ("kl_reduce", KL_REDUCTIONS),
+            ("noise_head", NOISE_HEADS),
+        ):
+            if getattr(self, name) not in allowed:
+                raise UsageError(
+                    f"model.{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}"
+                )
+        if self.prior_ce < 0:
+            raise UsageError(f"model.prior_ce must be at least 0, got {self.prior_ce}")
+        if self.guidance != "posterior" and (self.carry, self.heads, self.prior_ce) != (
+            "posterior",
+            "posterior",
+            0,
+        ):
+            raise UsageError(
+                "model.carry, model.heads and model.prior_ce need GRAM's posterior (model.guidance posterior)"
+            )
         if self.target_scale not in TARGET_SCALES:
             raise UsageError(
                 f"model.target_scale must be one of {', '.join(TARGET_SCALES)}, got {self.target_scale!r}"
@@ -218,7 +254,9 @@ class ReasonerOutput:
     # used by the trainer in place of the CE of ``logits``; None for the models trained on that CE.
     loss: torch.Tensor | None = None
     continue_logit: torch.Tensor | None = None  # [B]  q_continue (Q-learning halting: halt when q_halt > it)
-    state: torch.Tensor | None = None  # [B, P + L, dim]  the latent the heads read
+    state: torch.Tensor | None = None  # [B, P + L, dim]  the latent the decoder reads
+    # GRAM in training: the decode of the prior's sample of the same step, beside the posterior's ``logits``
+    prior_logits: torch.Tensor | None = None
 
 
 class ReasoningModule(nn.Module):
@@ -273,12 +311,15 @@ class Reasoner(PushToHub, nn.Module):
     :meth:`forward` (one supervision step). Their capabilities are declared, each False by default:
     ``stochastic`` (a step draws noise, so parallel samples differ and a value head can rank them: GRAM) and
     ``generative`` (the model decodes with its own sampler, ``sample(inputs, steps, temperature)`` returning
-    ``(tokens [S, N, L], values [S, N])``, and is trained on its own loss: the AR and MDLM baselines).
+    ``(tokens [S, N, L], values [S, N])``, and is trained on its own loss: the AR and MDLM baselines), and
+    ``has_posterior`` (a step given the target draws its noise from a posterior that sees it, and from a prior
+    without it: GRAM, whose prior's gap to its posterior is then measured).
     """
 
     arch: str = ""
     stochastic: bool = False
     generative: bool = False
+    has_posterior: bool = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """A subclass that names an ``arch`` joins :data:`REASONERS`, where training, evaluation, experiments
@@ -344,19 +385,26 @@ class Reasoner(PushToHub, nn.Module):
         batch, length = inputs.shape
         return getattr(self, name).expand(batch, self.config.prefix_len + length, -1).clone()
 
-    def readout(self, state: torch.Tensor, kl: torch.Tensor | None = None) -> ReasonerOutput:
-        """Logits (of the input's positions), halt logit (from the first position) and value from the state
-        the decoder reads."""
+    def readout(
+        self, state: torch.Tensor, kl: torch.Tensor | None = None, head_state: torch.Tensor | None = None
+    ) -> ReasonerOutput:
+        """Logits (of the input's positions) from the state the decoder reads; halt logit (from the first
+        position) and value from ``head_state``, by default that same state."""
         zeros = torch.zeros(state.shape[0], device=state.device)
-        q_halt, q_continue = self.halt_head(state)
+        head_state = state if head_state is None else head_state
+        q_halt, q_continue = self.halt_head(head_state)
         return ReasonerOutput(
-            logits=self.lm_head(state[:, self.config.prefix_len :]),
+            logits=self.logits_of(state),
             halt_logit=q_halt,
             continue_logit=q_continue,
-            value=self.value_head(state),
+            value=self.value_head(head_state),
             kl=zeros if kl is None else kl,
             state=state,
         )
+
+    def logits_of(self, state: torch.Tensor) -> torch.Tensor:
+        """The logits ``[B, L, V]`` of the input's positions."""
+        return self.lm_head(state[:, self.config.prefix_len :])
 
     # -- the interface -------------------------------------------------------------------------------------
     def initial_carry(self, batch: dict[str, torch.Tensor]) -> Carry:

@@ -48,6 +48,20 @@ inference runs, with no KL charged: the remedy of the conditional VAE's authors 
 Structured Output Representation using Deep Conditional Generative Models"), whose hybrid objective mixes the
 CVAE's loss with that of the same network fed prior noise (their GSNN). Also latentloop's option.
 
+Training the prior where it is used (latentloop's options; the paper's reading is the default of each). In the
+paper's training every supervision step starts from the posterior's state, the halt and value heads learn
+from it, and only the posterior's sample is decoded; at inference the prior's trajectory is the only one, so
+its states, its answers and its halting are never what training saw. ``config.carry = "prior"`` carries the
+prior's sample of each step to the next (the posterior's sample of the same ``u`` is still what the loss
+decodes and the KL prices), so the posterior teaches from the states the prior reaches; with
+``train.nearest_target`` its target is then the valid answer nearest to the one the prior's state decodes
+to, so it finishes what the prior began. ``config.heads = "prior"`` has the halt and value heads read the
+prior's sample, detached, and learn the task verifier's verdict on its answer, so halting during training
+(``train.replace_halted``) is keyed to the prior, as at inference. ``config.prior_ce = w`` adds ``w`` times
+the cross-entropy of the prior's decode. ``config.noise_head = "swiglu"`` reads Table 4 as a SwiGLU MLP per
+noise parameter with ``σ`` bounded at 1. ``config.kl_reduce = "mean"`` averages the KL over the latent's
+``L`` positions instead of summing it: ``β · L`` then prices a nat as the summed KL's ``β`` does.
+
 The paper's ablation (Section 4.4: full model; "without stochastic guidance"; "stochasticity only") is
 ``config.guidance``. The excerpt names the variants without defining them; the readings here:
 
@@ -72,6 +86,7 @@ from torch import nn
 from latentloop.data.labels import label_tokens
 from latentloop.errors import UsageError
 from latentloop.models.reasoners.base import Carry, Reasoner, ReasonerConfig, ReasonerOutput, ReasoningModule
+from latentloop.nn.mlp import GatedMLP
 
 _MIN_STD = 1e-3
 #: σ₀ of ``guidance="none"``: the noise heads' starting σ, so the variants start from the same noise.
@@ -81,20 +96,39 @@ FIXED_STD = 0.1
 class NoiseHead(nn.Module):
     """``(μ, σ)`` of a diagonal Gaussian over ``ε`` from a ``[B, L, dim]`` feature.
 
-    Starts at ``N(0, 0.1²)`` for every input (zero weights), so prior and posterior agree and the KL starts at 0.
+    ``kind="linear"``: one linear layer, ``σ = softplus(·) + 10⁻³``, unbounded above. ``kind="swiglu"``: the
+    paper's Table 4, a SwiGLU MLP for each parameter (hidden ``hidden``), ``σ = 10⁻³ + (1 - 10⁻³) · sigmoid(·)``,
+    so σ stays in (0, 1]: the prior's noise can never drown the normalised state. Either starts at
+    ``N(0, 0.1²)`` for every input (zero output weights), so prior and posterior agree and the KL starts at 0.
     """
 
-    def __init__(self, dim: int) -> None:
+    def __init__(self, dim: int, kind: str = "linear", hidden: int = 0) -> None:
         super().__init__()
-        self.proj = nn.Linear(dim, 2 * dim)
-        nn.init.zeros_(self.proj.weight)
-        nn.init.zeros_(self.proj.bias)
-        with torch.no_grad():  # softplus(b) + min = 0.1
-            self.proj.bias[dim:] = math.log(math.expm1(FIXED_STD - _MIN_STD))
+        self.kind = kind
+        if kind == "linear":
+            self.proj = nn.Linear(dim, 2 * dim)
+            outputs = [self.proj]
+        else:
+            self.mu, self.sigma = (
+                GatedMLP(dim, hidden or dim, bias=True),
+                GatedMLP(dim, hidden or dim, bias=True),
+            )
+            outputs = [self.mu.proj, self.sigma.proj]
+        for layer in outputs:
+            nn.init.zeros_(layer.weight)
+            nn.init.zeros_(layer.bias)
+        with torch.no_grad():  # σ = 0.1 at the start
+            if kind == "linear":
+                self.proj.bias[dim:] = math.log(math.expm1(FIXED_STD - _MIN_STD))
+            else:
+                self.sigma.proj.bias.fill_(math.log((FIXED_STD - _MIN_STD) / (1 - FIXED_STD)))
 
     def forward(self, feature: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        mu, raw = self.proj(feature).float().chunk(2, dim=-1)
-        return mu, F.softplus(raw) + _MIN_STD
+        if self.kind == "linear":
+            mu, raw = self.proj(feature).float().chunk(2, dim=-1)
+            return mu, F.softplus(raw) + _MIN_STD
+        mu, raw = self.mu(feature).float(), self.sigma(feature).float()
+        return mu, _MIN_STD + (1 - _MIN_STD) * torch.sigmoid(raw)
 
 
 def gaussian_kl(
@@ -105,14 +139,20 @@ def gaussian_kl(
 
 
 def balanced_kl(
-    mu_q: torch.Tensor, std_q: torch.Tensor, mu_p: torch.Tensor, std_p: torch.Tensor, alpha: float
+    mu_q: torch.Tensor,
+    std_q: torch.Tensor,
+    mu_p: torch.Tensor,
+    std_p: torch.Tensor,
+    alpha: float,
+    reduce: str = "sum",
 ) -> torch.Tensor:
-    """Per-sample KL ``[B]`` of the whole latent (summed over positions and dims) with KL balancing: the prior
-    is pulled toward the posterior with weight ``alpha``, the posterior toward the prior with ``1 - alpha``."""
+    """Per-sample KL ``[B]`` with KL balancing: the prior is pulled toward the posterior with weight ``alpha``,
+    the posterior toward the prior with ``1 - alpha``. ``reduce="sum"``: the KL of the whole latent (summed over
+    positions and dims); ``"mean"``: summed over dims and averaged over positions."""
     to_prior = gaussian_kl(mu_q.detach(), std_q.detach(), mu_p, std_p)
     to_posterior = gaussian_kl(mu_q, std_q, mu_p.detach(), std_p.detach())
-    kl = alpha * to_prior + (1 - alpha) * to_posterior
-    return kl.flatten(1).sum(-1)
+    kl = (alpha * to_prior + (1 - alpha) * to_posterior).sum(-1)
+    return kl.flatten(1).sum(-1) if reduce == "sum" else kl.flatten(1).mean(-1)
 
 
 class GRAMReasoner(Reasoner):
@@ -127,14 +167,19 @@ class GRAMReasoner(Reasoner):
         self.f_L = ReasoningModule(config)
         self.f_H = ReasoningModule(config)
         # The ablations lack the parts they ablate, so no optimizer step or weight decay can touch them.
-        self.prior = NoiseHead(config.dim) if config.guidance != "none" else None
-        self.posterior = NoiseHead(config.dim) if config.guidance == "posterior" else None
+        heads = {"dim": config.dim, "kind": config.noise_head, "hidden": config.hidden}
+        self.prior = NoiseHead(**heads) if config.guidance != "none" else None
+        self.posterior = NoiseHead(**heads) if config.guidance == "posterior" else None
         self.target_embed = None
         if config.guidance == "posterior":
             self.target_embed = nn.Embedding(config.vocab_size, config.dim)
             nn.init.normal_(self.target_embed.weight, std=1.0 / math.sqrt(config.dim))
         self.init_state("h_init")
         self.init_state("l_init")
+
+    @property
+    def has_posterior(self) -> bool:  # type: ignore[override]
+        return self.posterior is not None
 
     def initial_carry(self, batch: dict[str, torch.Tensor]) -> Carry:
         x = batch["inputs"]
@@ -157,14 +202,18 @@ class GRAMReasoner(Reasoner):
         e_y: torch.Tensor | None,
         temperature: float = 1.0,
         unguided: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """One transition: ``(h, l, kl)``; the posterior is used when the target embedding ``e_y`` is given,
-        the prior's ``σ`` (or the fixed ``σ₀`` of ``guidance="none"``) scaled by ``temperature`` otherwise.
-        The rows marked ``unguided`` ([B] bool) draw from the prior even when ``e_y`` is given, and their KL is 0."""
+        with_prior: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One transition: ``(h, l, kl, h_prior)``; the posterior is used when the target embedding ``e_y`` is
+        given, the prior's ``σ`` (or the fixed ``σ₀`` of ``guidance="none"``) scaled by ``temperature``
+        otherwise. The rows marked ``unguided`` ([B] bool) draw from the prior even when ``e_y`` is given, and
+        their KL is 0. ``h_prior`` is ``u`` plus a second draw, from the prior, beside the posterior's when
+        ``with_prior`` and ``e_y`` are given; ``h`` itself otherwise."""
         for _ in range(self.config.inner):
             l = self.f_L(l, h + e_x, rope)  # noqa: E741
         u = self.f_H(h, l, rope)
         kl = torch.zeros(u.shape[0], device=u.device)
+        mu_p = std_p = None
         if self.prior is None:  # stochasticity only: N(0, σ₀²) whatever u is
             mu = torch.zeros(u.shape, device=u.device)
             std = torch.full(u.shape, FIXED_STD * temperature, device=u.device)
@@ -175,13 +224,17 @@ class GRAMReasoner(Reasoner):
             else:
                 assert self.posterior is not None
                 mu, std = self.posterior(u + e_y)
-                kl = balanced_kl(mu, std, mu_p, std_p, self.config.kl_balance)
+                kl = balanced_kl(mu, std, mu_p, std_p, self.config.kl_balance, self.config.kl_reduce)
                 if unguided is not None:
                     rows = unguided.view(-1, *[1] * (u.dim() - 1))
                     mu, std = torch.where(rows, mu_p, mu), torch.where(rows, std_p, std)
                     kl = kl.masked_fill(unguided, 0.0)
         eps = mu + std * torch.randn_like(std)  # reparameterised: the gradient reaches μ and σ
-        return u + eps.to(u.dtype), l, kl
+        h = u + eps.to(u.dtype)
+        if not with_prior or e_y is None or mu_p is None:
+            return h, l, kl, h
+        eps_prior = mu_p + std_p * temperature * torch.randn_like(std_p)
+        return h, l, kl, u + eps_prior.to(u.dtype)
 
     def forward(  # type: ignore[override]
         self,
@@ -211,9 +264,23 @@ class GRAMReasoner(Reasoner):
             per_sample["unguided"] = carry["unguided"]
         unguided = carry.get("unguided") if e_y is not None else None
         h, l = carry["h"], carry["l"]  # noqa: E741
-        e_y_early = e_y if self.config.guided_transitions == "all" else None
+        config = self.config
+        # Training along the prior's trajectory: its earlier transitions draw from the prior, as inference does.
+        e_y_early = e_y if config.guided_transitions == "all" and config.carry == "posterior" else None
         with torch.no_grad():
-            for _ in range(self.config.cycles - 1):
-                h, l, _ = self.transition(h, l, e_x, rope, e_y_early, temperature, unguided)  # noqa: E741
-        h, l, kl = self.transition(h, l, e_x, rope, e_y, temperature, unguided)  # noqa: E741
-        return {"h": h.detach(), "l": l.detach(), **per_sample}, self.readout(h, kl)
+            for _ in range(config.cycles - 1):
+                h, l, _, _ = self.transition(h, l, e_x, rope, e_y_early, temperature, unguided)  # noqa: E741
+        with_prior = e_y is not None and (config.carry, config.heads, config.prior_ce) != (
+            "posterior",
+            "posterior",
+            0,
+        )
+        h, l, kl, h_prior = self.transition(h, l, e_x, rope, e_y, temperature, unguided, with_prior)  # noqa: E741
+        out = self.readout(
+            h, kl, head_state=h_prior.detach() if with_prior and config.heads == "prior" else None
+        )
+        if with_prior:
+            with torch.set_grad_enabled(torch.is_grad_enabled() and config.prior_ce > 0):
+                out.prior_logits = self.logits_of(h_prior)
+        carried = h_prior if config.carry == "prior" else h
+        return {"h": carried.detach(), "l": l.detach(), **per_sample}, out
