@@ -241,3 +241,14 @@ def test_without_a_criterion_every_token_runs_the_full_depth(model, prompt) -> N
         out = generate(model, prompt, max_new_tokens=NEW_TOKENS, num_steps=DEPTH, init_scale=0.0, exit=spec)
         assert out.steps[0].tolist() == iterations and out.mean_steps == DEPTH
         assert out.sequences[0, prompt.shape[1] :].tolist() == tokens
+
+
+def test_both_looped_lm_families_implement_the_looped_lm_protocol():
+    from latentloop.models.looped import LoopedLM
+    from latentloop.models.ouro import OuroConfig, OuroLM
+    from latentloop.models.recurrent_depth import RecurrentDepthConfig, RecurrentDepthLM
+
+    huginn = RecurrentDepthLM(RecurrentDepthConfig(n_embd=32, n_heads=2, intermediate_size=64, vocab_size=64))
+    ouro = OuroLM(OuroConfig(hidden_size=32, num_attention_heads=2, num_hidden_layers=1, vocab_size=64))
+    assert isinstance(huginn, LoopedLM) and isinstance(ouro, LoopedLM)
+    assert not isinstance(torch.nn.Linear(2, 2), LoopedLM)

@@ -35,7 +35,8 @@ from latentloop.nn.screened import ScreenedArgmax
 
 if TYPE_CHECKING:  # annotations only: generation imports this module, recurrent_depth imports generation
     from latentloop.models.generation import GenerationConfig
-    from latentloop.models.recurrent_depth import RecurrentDepthLM, StepContext
+    from latentloop.models.looped import LoopedLM
+    from latentloop.models.recurrent_depth import StepContext
 
 # Picks a token from each row of logits [B, V]: greedy or sampled, as the config says.
 Choose = Callable[[torch.Tensor], torch.Tensor]
@@ -96,7 +97,7 @@ class DecodingStrategy:
 
     def decode(
         self,
-        model: RecurrentDepthLM,
+        model: LoopedLM,
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None,
         depth: int,
@@ -121,7 +122,7 @@ class _Sequences:
 
     def __init__(
         self,
-        model: RecurrentDepthLM,
+        model: LoopedLM,
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None,
         depth: int,
@@ -200,7 +201,7 @@ class SequentialDecoding(DecodingStrategy):
 
     def decode(
         self,
-        model: RecurrentDepthLM,
+        model: LoopedLM,
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None,
         depth: int,
@@ -261,7 +262,7 @@ class SequentialDecoding(DecodingStrategy):
             out.logits = torch.stack(chosen_from, dim=1)
         return out
 
-    def _defers(self, model: RecurrentDepthLM, criterion: ExitCriterion | None, seq: _Sequences) -> bool:
+    def _defers(self, model: LoopedLM, criterion: ExitCriterion | None, seq: _Sequences) -> bool:
         """Whether the iterations after a token's exit can wait for the next tokens' passes: a criterion that
         computes every step, eager decoding with one cache slot per iteration, and a loop whose iterations read
         nothing but their own state (no injected input, no coda writing the cache after the exit)."""
@@ -438,7 +439,7 @@ class _Pieces:
 class _EagerPieces(_Pieces):
     """The pieces of a new token as the model's own methods."""
 
-    def __init__(self, model: RecurrentDepthLM, screen: ScreenedArgmax | None = None) -> None:
+    def __init__(self, model: LoopedLM, screen: ScreenedArgmax | None = None) -> None:
         self.model, self.screen = model, screen
 
     def context(self, ctx: StepContext, mask: torch.Tensor | None) -> StepContext:
@@ -507,21 +508,19 @@ class _CompiledPieces(_Pieces):
         return self.graphs.head_input(self.model, state, self._slots(ctx, 0))
 
 
-def _embed_step(model: RecurrentDepthLM, tokens: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+def _embed_step(model: LoopedLM, tokens: torch.Tensor, ctx: StepContext) -> torch.Tensor:
     return model.embed(tokens, ctx)
 
 
-def _core_step(
-    model: RecurrentDepthLM, state: torch.Tensor, embeds: torch.Tensor, ctx: StepContext
-) -> torch.Tensor:
+def _core_step(model: LoopedLM, state: torch.Tensor, embeds: torch.Tensor, ctx: StepContext) -> torch.Tensor:
     return model.core_step(state, embeds, ctx, 0)  # ctx.cache already holds this iteration's slot
 
 
-def _predict_step(model: RecurrentDepthLM, state: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+def _predict_step(model: LoopedLM, state: torch.Tensor, ctx: StepContext) -> torch.Tensor:
     return model.predict(state, ctx)
 
 
-def _head_input_step(model: RecurrentDepthLM, state: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+def _head_input_step(model: LoopedLM, state: torch.Tensor, ctx: StepContext) -> torch.Tensor:
     return model.head_input(state, ctx)
 
 
@@ -558,7 +557,7 @@ class SpeculativeDecoding(DecodingStrategy):
 
     def decode(
         self,
-        model: RecurrentDepthLM,
+        model: LoopedLM,
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None,
         depth: int,
@@ -609,7 +608,7 @@ class ParallelDecoding(DecodingStrategy):
 
     def decode(
         self,
-        model: RecurrentDepthLM,
+        model: LoopedLM,
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None,
         depth: int,

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from latentloop.errors import UsageError
+from latentloop.models.looped import LoopedLM
 
 Criterion = TypeVar("Criterion", bound="type[ExitCriterion]")
 
@@ -111,7 +112,7 @@ class ExitCriterion:
             raise UsageError(f"exit threshold {value!r} is not a number") from None
         return cls(name, threshold)
 
-    def bind(self, model: object) -> None:
+    def bind(self, model: LoopedLM) -> None:
         """Called once per generation with the model; a criterion that reads the model's own parts (an exit
         gate) keeps them here, or refuses a model that lacks them with a :class:`UsageError`."""
 
@@ -225,13 +226,12 @@ class ExitGate(ExitCriterion):
         self.exit_lambda: Callable[[torch.Tensor], torch.Tensor] | None = None
         self.reset()
 
-    def bind(self, model: object) -> None:
-        loop = getattr(model, "loop", None)
-        if loop is None or not loop.exit_gate:
+    def bind(self, model: LoopedLM) -> None:
+        if not model.loop.exit_gate:
             raise UsageError("exit criterion 'gate' needs a model with an exit gate (an Ouro model)")
         self.exit_lambda = model.exit_lambda  # type: ignore[attr-defined]
         if self.threshold != self.threshold:
-            own = getattr(model.config, "early_exit_threshold", None)  # type: ignore[attr-defined]
+            own = getattr(model.config, "early_exit_threshold", None)
             self.threshold = 1.0 if own is None else float(own)
 
     def reset(self) -> None:

@@ -27,7 +27,7 @@ from latentloop.nn.packed import prepacked
 from latentloop.nn.screened import screened_argmax
 
 if TYPE_CHECKING:  # annotations only: recurrent_depth imports this module for RecurrentDepthLM.generate
-    from latentloop.models.recurrent_depth import RecurrentDepthLM
+    from latentloop.models.looped import LoopedLM
 
 __all__ = [
     "EXIT_CRITERIA",
@@ -195,7 +195,7 @@ class GenerationConfig:
         """The exit criterion of ``exit`` (a fresh one for a spec), or None."""
         return ExitCriterion.parse(self.exit)
 
-    def depth(self, model: RecurrentDepthLM) -> int:
+    def depth(self, model: LoopedLM) -> int:
         """Core iterations per token: ``num_steps``, else the model's mean recurrence."""
         depth = int(self.num_steps if self.num_steps is not None else model.config.mean_recurrence)
         if depth < 1:
@@ -218,7 +218,7 @@ def _not_negative(name: str, value: object) -> None:
 
 
 def generate(
-    model: RecurrentDepthLM,
+    model: LoopedLM,
     input_ids: torch.Tensor,
     config: GenerationConfig | None = None,
     *,
@@ -272,7 +272,7 @@ def generate(
     return _plain(out)
 
 
-def _check_loop(model: RecurrentDepthLM, config: GenerationConfig) -> None:
+def _check_loop(model: LoopedLM, config: GenerationConfig) -> None:
     """Refuses settings whose assumptions the model's loop (``model.loop``) breaks."""
     loop = model.loop
     if not loop.input_injection and (config.continuous or config.parallel is not None):
@@ -303,7 +303,7 @@ def _settle(config: GenerationConfig | None, settings: dict[str, Any]) -> Genera
 
 
 def _vote(
-    model: RecurrentDepthLM,
+    model: LoopedLM,
     input_ids: torch.Tensor,
     config: GenerationConfig,
     attention_mask: torch.Tensor | None,

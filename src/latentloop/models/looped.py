@@ -14,11 +14,17 @@ through the same few methods::
 and the config names ``n_heads``, ``head_dim``, ``n_layers_in_recurrent_block``, ``mean_recurrence``,
 ``block_size`` and ``vocab_size``. Where two models' loops differ, each says so in its :class:`LoopSpec`
 (``model.loop``), and tools that depend on the difference read the spec, never the model's name.
+:class:`LoopedLM` is that interface as a Protocol: what generation, decoding and the exit criteria are typed
+against, and what a new looped LM implements (``RecurrentDepthLM`` and ``OuroLM`` do).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+from torch import nn
 
 
 @dataclass(frozen=True)
@@ -38,3 +44,41 @@ class LoopSpec:
     input_injection: bool
     random_initial_state: bool
     exit_gate: bool
+
+
+@runtime_checkable
+class LoopedLM(Protocol):
+    """A looped language model, as the test-time tools drive it (see the module docstring)."""
+
+    loop: LoopSpec
+    config: Any
+    lm_head: nn.Module
+
+    @property
+    def embedding(self) -> nn.Embedding:
+        """The token embedding (its weight gives the model's device and dtype)."""
+        ...
+
+    def context(self, length: int, attention_mask: torch.Tensor | None = None, **where: Any) -> Any:
+        """Positions, mask and cache of ``length`` new tokens (``cache=``, ``rows=``, ``start=``, ...)."""
+        ...
+
+    def embed(self, input_ids: torch.Tensor, ctx: Any) -> torch.Tensor:
+        """What the loop reads: the token embedding, through the prelude where there is one."""
+        ...
+
+    def initialize_state(self, embeds: torch.Tensor, init_scale: float = 1.0) -> torch.Tensor:
+        """The loop's first state."""
+        ...
+
+    def core_step(self, state: torch.Tensor, embeds: torch.Tensor, ctx: Any, iteration: int) -> torch.Tensor:
+        """One pass through the shared layers."""
+        ...
+
+    def head_input(self, state: torch.Tensor, ctx: Any) -> torch.Tensor:
+        """What the output layer reads (coda, norm)."""
+        ...
+
+    def predict(self, state: torch.Tensor, ctx: Any) -> torch.Tensor:
+        """fp32 logits of the loop's state."""
+        ...

@@ -39,7 +39,7 @@ from latentloop.errors import UsageError
 from latentloop.models.kv_cache import RecurrentKVCache
 
 if TYPE_CHECKING:
-    from latentloop.models.recurrent_depth import RecurrentDepthLM
+    from latentloop.models.looped import LoopedLM
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,7 @@ class ParallelSampler:
 
 
 def parallel_generate(
-    model: RecurrentDepthLM,
+    model: LoopedLM,
     input_ids: torch.Tensor,
     max_new_tokens: int,
     depth: int,
