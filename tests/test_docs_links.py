@@ -139,3 +139,36 @@ def test_the_check_finds_broken_links_and_passes_good_ones(tmp_path):
         "README.md:3: docs/gone.md (no such file)",
         "README.md:3: docs/page.md#nowhere (no such anchor in page.md)",
     ]
+
+
+def layout_entries(readme: str) -> dict[str, str]:
+    """The README's Layout block: each folder (``src/latentloop/x/``) with its text, continuation lines joined."""
+    block = readme.split("## Layout", 1)[1].split("```", 2)[1]
+    entries: dict[str, str] = {}
+    folder = None
+    for line in block.splitlines():
+        if line.startswith("src/") or line.startswith("tests/"):
+            folder, _, text = line.partition(" ")
+            entries[folder] = text
+        elif line.strip() and folder is not None:
+            entries[folder] += " " + line.strip()
+    return entries
+
+
+def test_the_readme_layout_names_every_module_of_the_package():
+    entries = layout_entries((ROOT / "README.md").read_text(encoding="utf-8"))
+    package = ROOT / "src" / "latentloop"
+    skipped = {"benchmarks", "configs", "resources"}  # scripts and files, described as a whole
+    for folder in sorted({p.parent for p in package.rglob("*.py")}):
+        relative = folder.relative_to(ROOT).as_posix() + "/"
+        if folder.relative_to(package).parts[:1] and folder.relative_to(package).parts[0] in skipped:
+            continue
+        text = entries.get(relative)
+        if text is None:  # a subfolder named in its parent's line: "sudoku/: task, solver"
+            text = entries[folder.parent.relative_to(ROOT).as_posix() + "/"]
+            assert f"{folder.name}/" in text, relative
+        words = set(re.findall(r"[a-z_]+", text))
+        modules = {p.stem for p in folder.glob("*.py")} - {"__init__", "__main__"}
+        assert modules <= words, f"{relative}: {sorted(modules - words)} missing from the README's Layout"
+    for folder in entries:
+        assert (ROOT / folder).exists(), folder
