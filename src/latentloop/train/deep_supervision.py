@@ -83,7 +83,7 @@ class DeepSupervision(Objective):
     def setup(self) -> None:
         config, ctx = self.config, self.ctx
         prior_rows = config.model.prior_share > 0 or config.model.carry == "prior"
-        if self.tc.nearest_target and not (config.arch == "gram" and prior_rows):
+        if self.tc.nearest_target and not (REASONERS[config.arch].posterior_in(config.model) and prior_rows):
             raise UsageError(
                 "train.nearest_target needs GRAM samples on the prior's noise (model.prior_share > 0 or "
                 "model.carry=prior)"

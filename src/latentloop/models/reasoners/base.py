@@ -312,14 +312,23 @@ class Reasoner(PushToHub, nn.Module):
     ``stochastic`` (a step draws noise, so parallel samples differ and a value head can rank them: GRAM) and
     ``generative`` (the model decodes with its own sampler, ``sample(inputs, steps, temperature)`` returning
     ``(tokens [S, N, L], values [S, N])``, and is trained on its own loss: the AR and MDLM baselines), and
-    ``has_posterior`` (a step given the target draws its noise from a posterior that sees it, and from a prior
-    without it: GRAM, whose prior's gap to its posterior is then measured).
+    :meth:`posterior_in` (a step given the target draws its noise from a posterior that sees it, and from a
+    prior without it: GRAM, whose prior's gap to its posterior is then measured).
     """
 
     arch: str = ""
     stochastic: bool = False
     generative: bool = False
-    has_posterior: bool = False
+
+    @classmethod
+    def posterior_in(cls, config: ReasonerConfig) -> bool:
+        """Whether a model of this class built from ``config`` has a posterior (GRAM's target-guided noise)."""
+        return False
+
+    @property
+    def has_posterior(self) -> bool:
+        """Whether this model has a posterior (see :meth:`posterior_in`)."""
+        return self.posterior_in(self.config)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """A subclass that names an ``arch`` joins :data:`REASONERS`, where training, evaluation, experiments

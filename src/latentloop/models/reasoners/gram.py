@@ -177,9 +177,9 @@ class GRAMReasoner(Reasoner):
         self.init_state("h_init")
         self.init_state("l_init")
 
-    @property
-    def has_posterior(self) -> bool:  # type: ignore[override]
-        return self.posterior is not None
+    @classmethod
+    def posterior_in(cls, config: ReasonerConfig) -> bool:
+        return config.guidance == "posterior"
 
     def initial_carry(self, batch: dict[str, torch.Tensor]) -> Carry:
         x = batch["inputs"]
