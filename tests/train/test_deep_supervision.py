@@ -275,7 +275,12 @@ def test_nearest_target_teaches_a_prior_sample_the_completion_it_chose_and_leave
 @pytest.mark.parametrize(
     ("arch", "model", "task", "message"),
     [
-        ("gram", {}, TINY["task"], r"needs GRAM samples on the prior's noise \(model\.prior_share > 0 or model\.carry=prior\)"),
+        (
+            "gram",
+            {},
+            TINY["task"],
+            r"needs GRAM samples on the prior's noise \(model\.prior_share > 0 or model\.carry=prior\)",
+        ),
         ("trm", {}, TINY["task"], "needs GRAM samples on the prior's noise"),
         ("gram", {"prior_share": 0.25}, {"name": "sudoku", "box": "2x2"}, "'sudoku' does not"),
     ],
