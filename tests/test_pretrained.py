@@ -11,7 +11,7 @@ import torch
 from latentloop.cli import main
 from latentloop.config import load_yaml
 from latentloop.errors import UsageError
-from latentloop.eval.reasoners import solve_puzzle
+from latentloop.infer.solve import solve_puzzle
 from latentloop.models.reasoners import load_reasoner
 from latentloop.pretrained import (
     pretrained_model,

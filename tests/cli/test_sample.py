@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 
 from latentloop.cli import main
 from latentloop.eval.generation import sample_blanks
-from latentloop.eval.reasoners import load_run
+from latentloop.infer.runs import load_run
 from latentloop.train.checkpoint import latest_checkpoint
 from latentloop.train.loop import train
 from latentloop.train.run_config import build_reasoner_config, build_run_config

@@ -188,7 +188,8 @@ def test_ema_decay_warms_up_to_its_target():
 
 def test_arc_trains_a_puzzle_embedding_per_copy_and_scores_pass_at_2(tmp_path):
     from latentloop.data.dataset import load_dataset
-    from latentloop.eval.reasoners import evaluate_reasoner, solve_puzzle
+    from latentloop.eval.reasoners import evaluate_reasoner
+    from latentloop.infer.solve import solve_puzzle
     from latentloop.models.reasoners import load_reasoner
     from latentloop.tasks.base import get_task
 

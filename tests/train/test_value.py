@@ -14,7 +14,8 @@ import latentloop.train.value as value_module
 from latentloop.cli import main
 from latentloop.data.labels import IGNORE_LABEL
 from latentloop.errors import UsageError
-from latentloop.eval.reasoners import answers_valid, load_run
+from latentloop.eval.reasoners import answers_valid
+from latentloop.infer.runs import load_run
 from latentloop.models.reasoners.heads import VALUE_HEAD_FILE, SequenceValueHead
 from latentloop.tasks.base import get_task
 from latentloop.tasks.nqueens import all_solutions, board_from_columns

@@ -20,7 +20,8 @@ import torch
 
 from latentloop.data.labels import scored_labels
 from latentloop.errors import ArgumentParser, UsageError
-from latentloop.eval.reasoners import decode_answer, load_run, run_dataset, unique_rows
+from latentloop.eval.reasoners import decode_answer, unique_rows
+from latentloop.infer.runs import load_run, run_dataset
 from latentloop.io import emit_json_report
 
 

@@ -8,7 +8,7 @@ On held-out puzzles of the shipped model's task (its test split), three times, e
   torch start, the model loads, the puzzle is solved at the model's shipped setting), beside
   ``startup_s``: a process that only imports what the command imports (torch included), so the difference
   (``solve_in_command_s``) is what the solve itself costs;
-- ``call_ms``: :func:`latentloop.eval.reasoners.solve_puzzle` in this process at the shipped setting (the
+- ``call_ms``: :func:`latentloop.infer.solve.solve_puzzle` in this process at the shipped setting (the
   model loads from disk, as in the command);
 - ``settings``: the model loaded once, one puzzle at a time, at each (steps, samples) setting: milliseconds
   per puzzle and the share of the puzzles solved, with the shipped selection and state noise (one sample runs
@@ -28,8 +28,8 @@ import torch
 
 from latentloop.config import load_yaml
 from latentloop.errors import ArgumentParser, UsageError
-from latentloop.eval.reasoners import solve_puzzle
 from latentloop.infer.scaling import solve
+from latentloop.infer.solve import solve_puzzle
 from latentloop.io import emit_json_report
 from latentloop.models.reasoners import load_reasoner
 from latentloop.paths import PRETRAINED_DIR

@@ -231,7 +231,7 @@ def solve(
     if exact:
         payload, text, solved = the_task.solve_exact(the_puzzle, all_, limit)
     else:
-        from latentloop.eval.reasoners import solve_puzzle
+        from latentloop.infer.solve import solve_puzzle
         from latentloop.pretrained import pretrained_task_spec, solve_setting
 
         setting = solve_setting(

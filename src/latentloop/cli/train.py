@@ -344,8 +344,8 @@ def fit_value_command(
         raise UsageError(f"{run} does not exist (fit-value writes into a local run or checkpoint folder)")
     if family_of_run(run) is not REASONER:
         raise UsageError(f"{run} is not a puzzle-reasoner run: fit-value fits the value head of GRAM")
-    from latentloop.eval.reasoners import load_run, run_dataset
     from latentloop.experiments import positive_number
+    from latentloop.infer.runs import load_run, run_dataset
     from latentloop.train.value import fit_value_head, save_value_head
 
     model, task, checkpoint, folder = load_run(run)

@@ -35,7 +35,7 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.neural_network import MLPClassifier
 
 from latentloop.errors import UsageError
-from latentloop.eval.reasoners import load_run
+from latentloop.infer.runs import load_run
 from latentloop.infer.scaling import draws_samples, solve
 from latentloop.models.reasoners import Reasoner, num_parameters
 from latentloop.plotting import pyplot, save_png

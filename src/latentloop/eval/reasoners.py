@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Hashable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -26,9 +25,8 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from latentloop.data.dataset import PuzzleDataset, load_dataset
 from latentloop.errors import UsageError
-from latentloop.eval.arc import evaluate_arc, solve_arc_puzzle
+from latentloop.eval.arc import evaluate_arc
 from latentloop.eval.gap import prior_posterior_gap
 from latentloop.eval.grid import ComputeGrid
 from latentloop.eval.metrics import (
@@ -46,6 +44,7 @@ from latentloop.eval.metrics import (
     unique_puzzles,
     unique_rows,
 )
+from latentloop.infer.runs import load_run, run_dataset
 from latentloop.infer.scaling import (
     SELECTIONS,
     draws_samples,
@@ -55,12 +54,10 @@ from latentloop.infer.scaling import (
     trajectories,
 )
 from latentloop.io import atomic_write_text
-from latentloop.models.reasoners import Reasoner, load_reasoner, num_parameters
+from latentloop.models.reasoners import Reasoner, num_parameters
 from latentloop.models.reasoners.heads import SequenceValueHead
 from latentloop.plotting import pyplot, save_png
-from latentloop.tasks.base import Task, get_task, parse_task_spec
-from latentloop.train.checkpoint import resolve_checkpoint, run_folder_of
-from latentloop.train.run_config import load_reasoner_run_config
+from latentloop.tasks.base import Task
 
 # The judging functions of eval.metrics are re-exported for the modules that import them from here.
 __all__ = [
@@ -74,14 +71,11 @@ __all__ = [
     "evaluate_model",
     "evaluate_reasoner",
     "example_answers",
-    "load_run",
     "markdown_table",
     "plot_boards",
     "plot_compute",
     "plot_curves",
     "quick_accuracy",
-    "run_dataset",
-    "solve_puzzle",
     "unique_puzzles",
     "unique_rows",
     "write_reports",
@@ -341,45 +335,6 @@ def _time_cells(
     return times
 
 
-# Runs --------------------------------------------------------------------------------------------------------
-def load_run(run: str | Path, task_spec: str | None = None) -> tuple[Reasoner, Task, Path, Path | None]:
-    """``(EMA model, task, checkpoint, run folder)`` of a run folder or checkpoint folder."""
-    checkpoint = resolve_checkpoint(run)
-    model = load_reasoner(checkpoint).eval()
-    folder = run_folder_of(checkpoint)
-    if task_spec:
-        name, options = parse_task_spec(task_spec)
-        task = get_task(name, **options)
-    elif folder is not None:
-        config = load_reasoner_run_config(folder / "config.yaml")
-        task = get_task(config.task.name, **config.task.options)
-    else:
-        raise UsageError(f"{checkpoint} is not inside a run folder; name its task with --task")
-    if task.seq_len != model.config.seq_len or task.vocab_size != model.config.vocab_size:
-        raise UsageError(
-            f"the model was trained for puzzles of {model.config.seq_len} tokens (vocabulary "
-            f"{model.config.vocab_size}); task {task.name!r} has {task.seq_len} ({task.vocab_size})"
-        )
-    return model, task, checkpoint, folder
-
-
-def run_dataset(run: str | Path, folder: Path | None) -> PuzzleDataset:
-    """The dataset a run folder trained on (``OUT/data``, its config's ``train.data``, or the official folder
-    its task reads as it is)."""
-    data = folder / "data" if folder is not None else None
-    if folder is not None:
-        config = load_reasoner_run_config(folder / "config.yaml")
-        official = get_task(config.task.name, **config.task.options).official_dataset()
-        if official is not None:
-            tc = config.train
-            return official.puzzle_dataset(tc.train_size, tc.test_size, tc.validation)
-        configured = config.train.data
-        data = Path(configured) if configured else data
-    if data is None or not (data / "metadata.json").is_file():
-        raise UsageError(f"no test data found for {run} (expected {data}/metadata.json)")
-    return load_dataset(data)
-
-
 def evaluate_reasoner(
     run: str | Path,
     samples: int = 20,
@@ -460,92 +415,6 @@ def evaluate_reasoner(
         )
         report["written"] = [str(out / n) for n in names if (out / n).is_file()]
     return report
-
-
-def solve_puzzle(
-    run: str,
-    task: Task,
-    puzzle: Any,
-    samples: int = 1,
-    select: str = "vote",
-    model_task: str | None = None,
-    list_valid: bool = False,
-    seed: int = 0,
-    steps: int | None = None,
-    state_noise: float = 0.0,
-) -> tuple[dict, str, bool]:
-    """``latentloop solve TASK PUZZLE --model RUN``: ``(payload, text, solved)``. ``model_task`` names the
-    model's task when ``run`` is a bare checkpoint (a shipped pretrained model). ``seed`` seeds the model's
-    sampling noise, so the same call gives the same answer (the caller's RNG state is kept). ``steps``
-    (default: the model's ``n_sup``) and ``state_noise`` are :func:`~latentloop.infer.scaling.solve`'s.
-
-    With several samples the payload also counts the distinct answers among them that the verifier accepts
-    (``distinct_valid``); ``list_valid`` lists those answers as well, before the chosen one."""
-    with torch.random.fork_rng(devices=[]):
-        return _solve_puzzle(
-            run, task, puzzle, samples, select, model_task, list_valid, seed, steps, state_noise
-        )
-
-
-def _solve_puzzle(
-    run: str,
-    task: Task,
-    puzzle: Any,
-    samples: int,
-    select: str,
-    model_task: str | None,
-    list_valid: bool,
-    seed: int,
-    steps: int | None,
-    state_noise: float,
-) -> tuple[dict, str, bool]:
-    model, run_task, _, folder = load_run(run, model_task)
-    torch.manual_seed(seed)  # after building the model, whose (discarded) initial weights draw too
-    if model.config.puzzles:
-        if list_valid:
-            raise UsageError("--all needs a task with a verifier; ARC answers are judged by the label")
-        if run_task.name != task.name:
-            raise UsageError(f"the model solves {run_task.name} puzzles, not {task.name}")
-        if steps is not None or state_noise:
-            raise UsageError("--steps and --state-noise take puzzles with a verifier, not ARC tasks")
-        puzzles = run_dataset(run, folder).metadata.get("puzzles", {})
-        return solve_arc_puzzle(model, task, puzzle, puzzles, samples, select)
-    tokens = np.asarray(task.encode(puzzle), dtype=np.int64)
-    if run_task.name != task.name or len(tokens) != model.config.seq_len:
-        raise UsageError(
-            f"the model solves {run_task.name} puzzles of {model.config.seq_len} tokens; this {task.name} puzzle "
-            f"has {len(tokens)}"
-        )
-    result = solve(
-        model,
-        torch.from_numpy(tokens)[None],
-        steps=steps,
-        samples=samples,
-        select=select,
-        key=lambda t: task.answer_key(task.decode_answer(t.cpu().numpy())),
-        state_noise=state_noise,
-    )
-    answer = task.decode_answer(result.chosen[0].numpy())
-    violations = int(task.violations(puzzle, answer))
-    text_answer = task.format(answer)
-    payload = {"answer": text_answer, "valid": violations == 0, "violations": violations, "samples": samples}
-    verdict = "valid (the verifier accepts it)" if violations == 0 else f"invalid: {violations} violations"
-    drawn = task.format(answer, pretty=True)
-    text = text_answer if drawn == text_answer else f"{drawn}\nanswer: {text_answer}"
-    if samples == 1 and not list_valid:
-        return payload, f"{text}\n{verdict}", violations == 0
-    valid: dict[Hashable, str] = {}  # answer key -> its text, in sample order
-    for tokens in result.predictions[-1, :, 0].cpu().numpy():
-        candidate = task.decode_answer(tokens)
-        if task.violations(puzzle, candidate) == 0:
-            valid.setdefault(task.answer_key(candidate), task.format(candidate))
-    payload["distinct_valid"] = len(valid)
-    listed = ""
-    if list_valid:
-        payload["valid_answers"] = list(valid.values())
-        listed = "".join(f"{line}\n" for line in valid.values())
-    found = f"{len(valid)} distinct valid answer{'s' * (len(valid) != 1)} among {samples} samples"
-    return payload, f"{listed}{found}\n{text}\n{verdict}", violations == 0
 
 
 # Reports -----------------------------------------------------------------------------------------------------
