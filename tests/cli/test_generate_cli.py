@@ -56,3 +56,25 @@ def test_generate_bad_input_exits_2_with_one_line(tmp_path, capsys):
     (folder / "config.json").write_text(json.dumps({"n_embd": 32, "n_heads": 4}))
     assert main(["generate", str(folder), "hi"]) == 2
     assert "does not match" in capsys.readouterr().err
+
+
+def test_every_generation_setting_with_a_help_text_is_an_option(tmp_path, capsys):
+    """The options are GenerationConfig's and ParallelSampler's fields: one added there is offered here."""
+    import dataclasses
+
+    from latentloop.models.generation import GenerationConfig
+    from latentloop.models.parallel_sampler import ParallelSampler
+
+    assert main(["generate", "--help"]) == 0
+    text = capsys.readouterr().out
+    for cls in (GenerationConfig, ParallelSampler):
+        for field in dataclasses.fields(cls):
+            if field.name == "temperature":  # the command's own: 0 means greedy there
+                continue
+            flag = "--" + field.name.replace("_", "-")
+            assert (flag in text) == ("help" in field.metadata), flag
+    folder = saved_model(tmp_path)  # width in latent space, from the command line
+    args = [str(folder), "12+34=", "--num-steps", "2", "--max-new-tokens", "3", "--num-samples", "3", "--json"]
+    assert main(["generate", *args]) == 0
+    assert len(json.loads(capsys.readouterr().out)["tokens"]) <= 3
+    assert main(["generate", *args[:-2], "--init-scale", "0", "--num-samples", "3"]) == 2  # the config refuses

@@ -30,7 +30,7 @@ limit at which the official code equals normal generation); tests check it.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -46,10 +46,22 @@ if TYPE_CHECKING:
 class ParallelSampler:
     """The parallel sampler's knobs (see the module docstring)."""
 
-    wavefront: int = 32  # positions in flight at most
-    inner_steps: int = 4  # core iterations per sweep
-    freeze: str = "latent-diff:0.03"  # "steps", or "latent-diff:t"
-    state_noise: float = 0.0  # noise mixed into in-flight states, damped by 1 / (1 + iterations)
+    # The help texts make them options of `latentloop generate` (latentloop.cli.options).
+    wavefront: int = field(default=32, metadata={"help": "Parallel sampler: positions in flight at most."})
+    inner_steps: int = field(default=4, metadata={"help": "Parallel sampler: core iterations per sweep."})
+    freeze: str = field(
+        default="latent-diff:0.03",
+        metadata={
+            "help": "Parallel sampler: when a position is final, latent-diff:t (relative change below t) or "
+            "steps (after --num-steps iterations, always the cap)."
+        },
+    )
+    state_noise: float = field(
+        default=0.0,
+        metadata={
+            "help": "Parallel sampler: noise mixed into in-flight states, damped by 1 / (1 + iterations)."
+        },
+    )
 
     def __post_init__(self) -> None:
         for name in ("wavefront", "inner_steps"):
