@@ -217,7 +217,7 @@ def test_generate_eval_and_solve_take_a_hub_id(tmp_path, cache, capsys):
     code, out, _ = run_cli(capsys, "generate", "org/tiny-lm", *prompt, "--revision", COMMIT_A)
     assert code == 0 and json.loads(out)["tokens"] == local["tokens"]
 
-    evaluation = ["--task", "arithmetic:digits=2", "--num-steps", "1,3", "--limit", "4", "--json"]
+    evaluation = ["--task", "arithmetic:digits=2", "--depths", "1,3", "--limit", "4", "--json"]
     code, out, _ = run_cli(capsys, "eval", "org/tiny-lm", *evaluation)
     hub_report = json.loads(out)
     code_local, out, _ = run_cli(capsys, "eval", str(lm), *evaluation)

@@ -74,7 +74,19 @@ def test_every_generation_setting_with_a_help_text_is_an_option(tmp_path, capsys
             flag = "--" + field.name.replace("_", "-")
             assert (flag in text) == ("help" in field.metadata), flag
     folder = saved_model(tmp_path)  # width in latent space, from the command line
-    args = [str(folder), "12+34=", "--num-steps", "2", "--max-new-tokens", "3", "--num-samples", "3", "--json"]
+    args = [
+        str(folder),
+        "12+34=",
+        "--num-steps",
+        "2",
+        "--max-new-tokens",
+        "3",
+        "--num-samples",
+        "3",
+        "--json",
+    ]
     assert main(["generate", *args]) == 0
     assert len(json.loads(capsys.readouterr().out)["tokens"]) <= 3
-    assert main(["generate", *args[:-2], "--init-scale", "0", "--num-samples", "3"]) == 2  # the config refuses
+    assert (
+        main(["generate", *args[:-2], "--init-scale", "0", "--num-samples", "3"]) == 2
+    )  # the config refuses

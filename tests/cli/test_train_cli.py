@@ -41,12 +41,18 @@ def test_train_then_eval_json(config_file, tmp_path, capsys):
     result = json.loads(capsys.readouterr().out)
     assert result["resumed_from"] == 3 and result["step"] == 4
 
-    assert main(["eval", str(out), "--num-steps", "1,2", "--json"]) == 0
+    assert main(["eval", str(out), "--depths", "1,2", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert [r["num_steps"] for r in report["results"]] == [1, 2]
+    assert (
+        main(["eval", str(out), "--num-steps", "1,2", "--json"]) == 0
+    )  # the deprecated spelling still works
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["results"] == report["results"]
+    assert "--num-steps is deprecated here and will be removed; use --depths" in captured.err
     assert report["step"] == 4 and (out / "eval_depth.png").is_file()
 
-    assert main(["eval", str(out / "checkpoints" / "step_00000004"), "--num-steps", "1", "--limit", "4"]) == 0
+    assert main(["eval", str(out / "checkpoints" / "step_00000004"), "--depths", "1", "--limit", "4"]) == 0
     text = capsys.readouterr().out
     assert "| depth (num_steps) | exact match | problems |" in text and "| 1 |" in text
 
@@ -103,7 +109,7 @@ def test_eval_rejects_bad_depths_and_empty_runs(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     assert main(["eval", str(tmp_path / "empty")]) == 2
     assert "checkpoint" in _error_line(capsys)
-    assert main(["eval", str(tmp_path / "empty"), "--num-steps", "1,x"]) == 2
-    assert "--num-steps" in _error_line(capsys)
-    assert main(["eval", str(tmp_path / "empty"), "--num-steps", "0"]) == 2
+    assert main(["eval", str(tmp_path / "empty"), "--depths", "1,x"]) == 2
+    assert "--depths" in _error_line(capsys)
+    assert main(["eval", str(tmp_path / "empty"), "--depths", "0"]) == 2
     _error_line(capsys)

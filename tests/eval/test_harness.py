@@ -302,7 +302,7 @@ def local_tasks(model, tmp_path_factory):
 
 def test_depth_sweep_end_to_end_through_the_command_line(run_dir, local_tasks, capsys):
     tasks, _, expected = local_tasks
-    args = ["harness", str(run_dir), "--tasks", "tiny_mc,tiny_gen,tiny_ppl", "--num-steps", "1,3"]
+    args = ["harness", str(run_dir), "--tasks", "tiny_mc,tiny_gen,tiny_ppl", "--depths", "1,3"]
     args += ["--include-path", str(tasks), "--bootstrap-iters", "0", "--batch-size", "4"]
     assert main([*args, "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
@@ -367,15 +367,20 @@ def test_without_lm_eval_the_command_says_how_to_install_it(run_dir, monkeypatch
     monkeypatch.setitem(sys.modules, "lm_eval", None)
     monkeypatch.delitem(sys.modules, "latentloop.eval.harness", raising=False)
     monkeypatch.delattr(latentloop.eval, "harness", raising=False)
-    assert main(["harness", str(run_dir), "--tasks", "tiny_mc", "--num-steps", "1"]) == 2
+    assert main(["harness", str(run_dir), "--tasks", "tiny_mc", "--depths", "1"]) == 2
     line = error_line(capsys)
     assert "lm-eval" in line and "pip install 'latentloop[eval]'" in line
 
 
 @pytest.mark.parametrize("value", ["0", "a", "1,,4", "-1", "2,2", "", "1.5"])
-def test_bad_num_steps_is_one_line_and_exit_2(run_dir, value, capsys):
-    assert main(["harness", str(run_dir), "--tasks", "tiny_mc", "--num-steps", value]) == 2
-    assert "--num-steps" in error_line(capsys)
+def test_bad_depths_are_one_line_and_exit_2(run_dir, value, capsys):
+    assert main(["harness", str(run_dir), "--tasks", "tiny_mc", "--depths", value]) == 2
+    assert "--depths" in error_line(capsys)
+    assert (
+        main(["harness", str(run_dir), "--tasks", "tiny_mc", "--num-steps", value]) == 2
+    )  # deprecated spelling
+    warning, error = capsys.readouterr().err.strip().splitlines()
+    assert warning.startswith("warning: --num-steps is deprecated") and error.startswith("error: --depths")
 
 
 def test_depth_sweep_on_an_ouro_folder_end_to_end(tmp_path, capsys):
@@ -390,7 +395,7 @@ def test_depth_sweep_on_an_ouro_folder_end_to_end(tmp_path, capsys):
         str(tmp_path / "ouro"),
         "--tasks",
         "tiny_mc,tiny_gen,tiny_ppl",
-        "--num-steps",
+        "--depths",
         "1,2,4,8",
     ]
     args += ["--include-path", str(tmp_path / "tasks"), "--bootstrap-iters", "0", "--batch-size", "4"]

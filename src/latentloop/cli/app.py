@@ -3,6 +3,7 @@
 import typer
 
 import latentloop
+from latentloop.errors import UsageError
 
 app = typer.Typer(
     name="latentloop",
@@ -41,3 +42,24 @@ TEMPERATURE = typer.Option(
     "--temperature",
     help="ar and mdlm: sampling temperature (0 = greedy); gram: scale of the prior noise (0 = its mean).",
 )
+
+
+def int_list(text: str | None, option: str) -> list[int]:
+    """A comma-separated list of distinct whole numbers of at least 1 (``1,2,4``) given to ``option``; empty
+    when the option is not given."""
+    if text is None:
+        return []
+    parts = [part.strip() for part in text.split(",")]
+    if not all(part.isdigit() for part in parts):
+        raise UsageError(f"{option} must be comma-separated whole numbers, such as 1,4,16; got {text!r}")
+    values = [int(part) for part in parts]
+    if min(values) < 1:
+        raise UsageError(f"{option} must be at least 1, got {text!r}")
+    if len(set(values)) != len(values):
+        raise UsageError(f"{option} lists a value twice: {text!r}")
+    return values
+
+
+def deprecated(old: str, new: str) -> None:
+    """Say on stderr that option ``old`` is the deprecated spelling of ``new`` (kept for one release)."""
+    typer.echo(f"warning: {old} is deprecated here and will be removed; use {new}", err=True)

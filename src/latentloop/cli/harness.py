@@ -8,26 +8,10 @@ from pathlib import Path
 
 import typer
 
-from latentloop.cli.app import REVISION, app
+from latentloop.cli.app import REVISION, app, deprecated, int_list
 from latentloop.errors import UsageError
 
 INSTALL_HINT = "pip install 'latentloop[eval]' (or pip install lm-eval)"
-
-
-def parse_depths(text: str) -> list[int]:
-    """``"1,4,16"`` -> ``[1, 4, 16]``; anything but a comma-separated list of distinct whole numbers >= 1 is
-    a one-line error."""
-    parts = [part.strip() for part in text.split(",")]
-    if not all(part.isdigit() for part in parts):
-        raise UsageError(
-            f"--num-steps must be comma-separated whole numbers, such as 1,4,16,32; got {text!r}"
-        )
-    depths = [int(part) for part in parts]
-    if min(depths) < 1:
-        raise UsageError(f"--num-steps must be at least 1, got {text!r}")
-    if len(set(depths)) != len(depths):
-        raise UsageError(f"--num-steps lists a depth twice: {text!r}")
-    return depths
 
 
 def parse_tasks(text: str) -> list[str]:
@@ -57,9 +41,10 @@ def harness(
     tasks: str = typer.Option(
         ..., "--tasks", help="Comma-separated lm-eval task names (its own, or from --include-path)."
     ),
-    num_steps: str = typer.Option(
-        None, "--num-steps", help="Comma-separated depths, one lm-eval run each (default: the model's mean)."
+    depths: str = typer.Option(
+        None, "--depths", help="Comma-separated depths, one lm-eval run each (default: the model's mean)."
     ),
+    num_steps: str = typer.Option(None, "--num-steps", hidden=True, help="Deprecated spelling of --depths."),
     revision: str = REVISION,
     include_path: Path = typer.Option(
         None, "--include-path", help="A folder of lm-eval task YAML files to add to lm-eval's own."
@@ -89,7 +74,10 @@ def harness(
 ) -> None:
     """Evaluate a recurrent-depth checkpoint with lm-evaluation-harness at each depth: one table of task x depth."""
     tasks_list = parse_tasks(tasks)
-    depths = parse_depths(num_steps) if num_steps is not None else None
+    if num_steps is not None:
+        deprecated("--num-steps", "--depths")
+        depths = num_steps if depths is None else depths
+    depth_list = int_list(depths, "--depths")
     for name, value in (("--limit", limit), ("--batch-size", batch_size), ("--kv-share", kv_share)):
         if value is not None and value < 1:
             raise UsageError(f"{name} must be at least 1, got {value}")
@@ -115,7 +103,7 @@ def harness(
     report = lm_harness.depth_sweep(
         lm,
         tasks_list,
-        depths or [lm.num_steps],
+        depth_list or [lm.num_steps],
         manager=lm_harness.task_manager(include_path),
         limit=limit,
         num_fewshot=num_fewshot,

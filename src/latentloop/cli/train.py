@@ -10,7 +10,7 @@ from typing import Any
 
 import typer
 
-from latentloop.cli.app import REVISION, TEMPERATURE, app, data_app  # noqa: F401
+from latentloop.cli.app import REVISION, TEMPERATURE, app, data_app, deprecated, int_list  # noqa: F401
 from latentloop.config import check_repeated_keys
 from latentloop.errors import UsageError
 
@@ -158,29 +158,6 @@ def train(
     typer.echo(f"checkpoint: {result['checkpoint']}")
 
 
-def _parse_depths(text: str) -> list[int]:
-    try:
-        depths = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise UsageError(f"--num-steps must be comma-separated integers, got {text!r}") from None
-    if not depths or min(depths) < 1:
-        raise UsageError(f"--num-steps must list positive integers, got {text!r}")
-    return depths
-
-
-def _parse_grid(text: str | None, option: str) -> list[int]:
-    """A comma-separated list of positive integers (``1,2,4``); empty when not given."""
-    if not text:
-        return []
-    try:
-        values = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise UsageError(f"{option} must be comma-separated integers, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise UsageError(f"{option} must list positive integers, got {text!r}")
-    return values
-
-
 @app.command("eval")
 def eval_command(
     run: str = typer.Argument(
@@ -189,7 +166,10 @@ def eval_command(
         "reports are printed, not written into the Hugging Face cache).",
     ),
     revision: str = REVISION,
-    num_steps: str = typer.Option("1,2,4,8,16,32", "--num-steps", help="Comma-separated test-time depths."),
+    depths: str = typer.Option(
+        None, "--depths", help="Language models: comma-separated test-time depths (default 1,2,4,8,16,32)."
+    ),
+    num_steps: str = typer.Option(None, "--num-steps", hidden=True, help="Deprecated spelling of --depths."),
     task: str = typer.Option(
         None,
         "--task",
@@ -202,10 +182,13 @@ def eval_command(
         0.0, "--init-scale", help="Initial latent state scale (0 = deterministic)."
     ),
     samples: int = typer.Option(
-        None,
-        "--samples",
-        help="Parallel samples per puzzle (puzzle models, default 20), or latent trajectories per problem "
-        "answered by vote (language models, default 1; needs --init-scale > 0).",
+        None, "--samples", min=1, help="Puzzle models: parallel samples per puzzle (default 20)."
+    ),
+    num_samples: int = typer.Option(
+        1,
+        "--num-samples",
+        min=1,
+        help="Language models: latent trajectories per problem, answered by vote (needs --init-scale > 0).",
     ),
     steps: int = typer.Option(None, "--steps", help="Puzzle models: supervision steps (default: n_sup)."),
     select: str = typer.Option(
@@ -249,13 +232,14 @@ def eval_command(
     Puzzle models: accuracy by the verifier, coverage, conflicts, curves over steps and samples; with
     --steps-grid or --width-depths also accuracy, inference FLOPs and ms per puzzle of every cell
     (eval_compute.png)."""
-    depths = _parse_depths(num_steps)
     if limit is not None and limit < 1:
         raise UsageError(f"--limit must be positive, got {limit}")
     if split not in ("test", "validation"):
         raise UsageError(f"--split must be test or validation, got {split!r}")
-    if samples is not None and samples < 1:
-        raise UsageError(f"--samples must be at least 1, got {samples}")
+    if num_steps is not None:
+        deprecated("--num-steps", "--depths")
+        depths = num_steps if depths is None else depths
+    depth_list = int_list("1,2,4,8,16,32" if depths is None else depths, "--depths")
     from latentloop.families import REASONER, family_of_run
     from latentloop.hub import from_hub, resolve_model
 
@@ -266,14 +250,14 @@ def eval_command(
         from latentloop.eval.reasoners import evaluate_reasoner
         from latentloop.eval.reasoners import markdown_table as reasoner_table
 
-        grid = ComputeGrid(
-            _parse_grid(steps_grid, "--steps-grid"),
-            _parse_grid(samples_grid, "--samples-grid"),
-            _parse_grid(width_depths, "--width-depths"),
-            state_noise,
-            timing_puzzles,
-        )
-
+        grid_lists = [
+            int_list(text, name)
+            for text, name in (
+                (steps_grid, "--steps-grid"),
+                (samples_grid, "--samples-grid"),
+                (width_depths, "--width-depths"),
+            )
+        ]
         report = evaluate_reasoner(
             run,
             samples=20 if samples is None else samples,
@@ -287,32 +271,35 @@ def eval_command(
             halt=halt,
             split=split,
             write=write,
-            grid=grid,
+            grid=ComputeGrid(*grid_lists, state_noise, timing_puzzles),
         )
-        typer.echo(json.dumps(report) if json_output else reasoner_table(report).rstrip())
-        if not json_output:
-            for path in report.get("written", []):
-                typer.echo(f"wrote {path}")
-        return
-    if split != "test":
-        raise UsageError("--split is for puzzle models; a language model is evaluated on its held-out text")
-    from latentloop.eval.lm import evaluate_lm, markdown_table
+        text = reasoner_table(report).rstrip()
+    else:
+        if split != "test":
+            raise UsageError(
+                "--split is for puzzle models; a language model is evaluated on its held-out text"
+            )
+        from latentloop.eval.lm import evaluate_lm
+        from latentloop.eval.lm import markdown_table as lm_table
 
-    report = evaluate_lm(
-        run,
-        depths,
-        batch_size=batch_size,
-        limit=limit,
-        init_scale=init_scale,
-        task=task,
-        samples=1 if samples is None else samples,
-        write=write,
-    )
+        if samples is not None:  # its meaning for language models before --num-samples
+            deprecated("--samples", "--num-samples")
+            num_samples = samples
+        report = evaluate_lm(
+            run,
+            depth_list,
+            batch_size=batch_size,
+            limit=limit,
+            init_scale=init_scale,
+            task=task,
+            samples=num_samples,
+            write=write,
+        )
+        text = lm_table(report).rstrip()
     if json_output:
         typer.echo(json.dumps(report))
         return
-
-    typer.echo(markdown_table(report).rstrip())
+    typer.echo(text)
     for path in report.get("written", []):
         typer.echo(f"wrote {path}")
 
