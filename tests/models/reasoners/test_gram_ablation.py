@@ -49,7 +49,7 @@ def one_transition(model: GRAMReasoner, inputs: torch.Tensor, seed: int, tempera
     l = model.f_L(carry["l"], carry["h"] + e_x, rope)  # noqa: E741
     u = model.f_H(carry["h"], l, rope)
     torch.manual_seed(seed)
-    h, _, kl = model.transition(carry["h"], carry["l"], e_x, rope, None, temperature)
+    h, _, kl, _ = model.transition(carry["h"], carry["l"], e_x, rope, None, temperature)
     return u, h, kl
 
 

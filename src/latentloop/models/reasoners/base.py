@@ -134,18 +134,13 @@ class ReasonerConfig:
             raise UsageError(f"model.expansion must be >= 0, got {self.expansion}")
         if self.expansion:
             self.hidden = swiglu_width(self.expansion, self.dim)
-        if self.rope_layout not in ROPE_LAYOUTS:
-            raise UsageError(
-                f"model.rope_layout must be one of {', '.join(ROPE_LAYOUTS)}, got {self.rope_layout!r}"
-            )
+        for name, allowed in _CHOICES.items():
+            if getattr(self, name) not in allowed:
+                raise UsageError(
+                    f"model.{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}"
+                )
         if self.rope_layout == "halves" and self.rope_grid:
             raise UsageError("model.rope_grid needs model.rope_layout=pairs")
-        if self.pos_encoding not in POS_ENCODINGS:
-            raise UsageError(
-                f"model.pos_encoding must be one of {', '.join(POS_ENCODINGS)}, got {self.pos_encoding!r}"
-            )
-        if self.init not in INITS:
-            raise UsageError(f"model.init must be one of {', '.join(INITS)}, got {self.init!r}")
         if self.h_layers < 0:
             raise UsageError(f"model.h_layers must be at least 0, got {self.h_layers}")
         if not 0 <= self.puzzle_dim <= self.puzzle_tokens * self.dim:
@@ -153,12 +148,6 @@ class ReasonerConfig:
                 f"model.puzzle_dim must be in [0, puzzle_tokens * dim = {self.puzzle_tokens * self.dim}], "
                 f"got {self.puzzle_dim}"
             )
-        if self.halting not in HALTING:
-            raise UsageError(f"model.halting must be one of {', '.join(HALTING)}, got {self.halting!r}")
-        if self.block not in BLOCKS:
-            raise UsageError(f"model.block must be one of {', '.join(BLOCKS)}, got {self.block!r}")
-        if self.mixer not in MIXERS:
-            raise UsageError(f"model.mixer must be one of {', '.join(MIXERS)}, got {self.mixer!r}")
         for name in ("dim", "n_heads", "n_layers", "hidden", "n_sup", "cycles", "inner"):
             if getattr(self, name) < 1:
                 raise UsageError(f"model.{name} must be at least 1, got {getattr(self, name)}")
@@ -174,42 +163,18 @@ class ReasonerConfig:
             raise UsageError("model.rope_grid needs no puzzle embeddings and a head size divisible by 4")
         if self.beta < 0 or not 0 <= self.kl_balance <= 1:
             raise UsageError("model.beta must be >= 0 and model.kl_balance in [0, 1]")
-        if self.guidance not in GUIDANCE:
-            raise UsageError(f"model.guidance must be one of {', '.join(GUIDANCE)}, got {self.guidance!r}")
         if self.target_reveal < 0:
             raise UsageError(f"model.target_reveal must be at least 0, got {self.target_reveal}")
         if not 0 <= self.prior_share < 1:
             raise UsageError(f"model.prior_share must be in [0, 1), got {self.prior_share}")
         if self.prior_share and self.guidance != "posterior":
             raise UsageError("model.prior_share needs a posterior to share with (model.guidance posterior)")
-        for name, allowed in (
-            ("carry", GRAM_STATES),
-            ("heads", GRAM_STATES),
-            ("kl_reduce", KL_REDUCTIONS),
-            ("noise_head", NOISE_HEADS),
-        ):
-            if getattr(self, name) not in allowed:
-                raise UsageError(
-                    f"model.{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}"
-                )
         if self.prior_ce < 0:
             raise UsageError(f"model.prior_ce must be at least 0, got {self.prior_ce}")
-        if self.guidance != "posterior" and (self.carry, self.heads, self.prior_ce) != (
-            "posterior",
-            "posterior",
-            0,
-        ):
+        prior_training = (self.carry, self.heads, self.prior_ce) != ("posterior", "posterior", 0)
+        if self.guidance != "posterior" and prior_training:
             raise UsageError(
                 "model.carry, model.heads and model.prior_ce need GRAM's posterior (model.guidance posterior)"
-            )
-        if self.target_scale not in TARGET_SCALES:
-            raise UsageError(
-                f"model.target_scale must be one of {', '.join(TARGET_SCALES)}, got {self.target_scale!r}"
-            )
-        if self.guided_transitions not in GUIDED_TRANSITIONS:
-            raise UsageError(
-                f"model.guided_transitions must be one of {', '.join(GUIDED_TRANSITIONS)}, "
-                f"got {self.guided_transitions!r}"
             )
 
     @property
@@ -226,6 +191,24 @@ class ReasonerConfig:
     def puzzle_width(self) -> int:
         """Width of one puzzle's learned embedding (before its zero padding to ``puzzle_tokens * dim``)."""
         return self.puzzle_dim or self.puzzle_tokens * self.dim
+
+
+# The settings of ReasonerConfig that take one of a few names, with those names.
+_CHOICES = {
+    "rope_layout": ROPE_LAYOUTS,
+    "pos_encoding": POS_ENCODINGS,
+    "init": INITS,
+    "halting": HALTING,
+    "block": BLOCKS,
+    "mixer": MIXERS,
+    "guidance": GUIDANCE,
+    "guided_transitions": GUIDED_TRANSITIONS,
+    "target_scale": TARGET_SCALES,
+    "carry": GRAM_STATES,
+    "heads": GRAM_STATES,
+    "kl_reduce": KL_REDUCTIONS,
+    "noise_head": NOISE_HEADS,
+}
 
 
 def swiglu_width(expansion: float, width: int) -> int:
