@@ -68,22 +68,12 @@ def run_command(
     has timed its first batches."""
     from latentloop.experiments import (
         DEFAULT_EXPERIMENT,
-        REFERENCE_MACHINE,
-        available_experiments,
         load_experiment,
         positive_number,
     )
 
     if list_only:
-        names = available_experiments()
-        width = max(map(len, names), default=0)
-        typer.echo(f"minutes on the reference machine: {REFERENCE_MACHINE}", err=True)
-        for name in names:
-            spec = load_experiment(name)
-            minutes = f"~{spec.expected_minutes:g} min" if spec.expected_minutes else ""
-            typer.echo(
-                f"{name:<{width}} {minutes:>9}  {spec.description.splitlines()[0] if spec.description else ''}"
-            )
+        _list_experiments()
         return
     if dashboard:
         if not Path(dashboard).is_file():
@@ -119,16 +109,19 @@ def run_command(
 
     results = run_experiment(spec, out_dir, budget_minutes=budget, progress=not json_output, log=log)
     if report:
-        words = ["latentloop", "run", experiment or spec.name, *overrides]
-        words += ["--out", str(out_dir), "--report", report]
-        if budget is not None:
-            words += ["--budget-minutes", f"{budget:g}"]
-        if jobs is not None:
-            words += ["--jobs", str(jobs)]
-        if threads is not None:
-            words += ["--threads", str(threads)]
-        if schedule is not None:
-            words += ["--schedule", schedule]
+        words = [
+            "latentloop",
+            "run",
+            experiment or spec.name,
+            *overrides,
+            "--out",
+            str(out_dir),
+            "--report",
+            report,
+        ]
+        given = {"--budget-minutes": budget and f"{budget:g}", "--jobs": jobs, "--threads": threads}
+        for option, value in {**given, "--schedule": schedule}.items():
+            words += [option, str(value)] if value is not None else []
         command = " ".join(shlex.quote(w) for w in words)
         write_results(Path(report), (spec.name, report_markdown(results, command)))
     if json_output:
@@ -146,3 +139,17 @@ def summary_lines(results: dict) -> list[str]:
     from latentloop.experiments.report import summary_lines as lines_of
 
     return lines_of(results)
+
+
+def _list_experiments() -> None:
+    """``latentloop run --list``: each shipped experiment, its minutes on the reference machine, its summary."""
+    from latentloop.experiments import REFERENCE_MACHINE, available_experiments, load_experiment
+
+    names = available_experiments()
+    width = max(map(len, names), default=0)
+    typer.echo(f"minutes on the reference machine: {REFERENCE_MACHINE}", err=True)
+    for name in names:
+        spec = load_experiment(name)
+        minutes = f"~{spec.expected_minutes:g} min" if spec.expected_minutes else ""
+        summary = spec.description.splitlines()[0] if spec.description else ""
+        typer.echo(f"{name:<{width}} {minutes:>9}  {summary}")
