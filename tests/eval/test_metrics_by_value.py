@@ -224,3 +224,20 @@ def test_valid_fraction_of_samples_is_the_verifiers(monkeypatch) -> None:
     assert report["valid"] == sum(expected_valid) == 3
     assert report["valid_fraction"] == pytest.approx(3 / 5)
     assert report["distinct"] == 4  # the first grid twice
+
+
+def test_the_value_heads_ranking_of_valid_samples_is_its_roc_auc(monkeypatch, nqueens) -> None:
+    """Valid samples valued .9, .5, .3 against invalid ones valued .1, .8, .2: 7 of the 9 pairs are ordered."""
+    task, tokens = nqueens
+    config = ReasonerConfig(
+        vocab_size=task.vocab_size, seq_len=task.seq_len, dim=8, n_heads=2, n_layers=1, hidden=8
+    )
+    gram = build_reasoner("gram", config)  # draws samples, so its value head ranks them
+    inputs = np.stack([task.encode(queens(None))] * 2).astype(np.int64)
+    answers = [["A", "X", "A"], ["X", "B", "X"]]
+    values = values_of([[[0.9, 0.1, 0.5], [0.8, 0.3, 0.2]]])
+    serve_predictions(monkeypatch, predictions_of(tokens, [answers]), values)
+    report = evaluate_model(gram, task, inputs, samples=3, progress=False)
+    assert report["value_auc"] == pytest.approx(7 / 9)
+    serve_predictions(monkeypatch, predictions_of(tokens, [answers]), values)
+    assert "value_auc" not in evaluate_model(tiny_model(task), task, inputs, samples=3, progress=False)

@@ -14,6 +14,7 @@ import latentloop.train.value as value_module
 from latentloop.cli import main
 from latentloop.data.labels import IGNORE_LABEL
 from latentloop.errors import UsageError
+from latentloop.eval.metrics import roc_auc
 from latentloop.eval.reasoners import answers_valid
 from latentloop.infer.runs import load_run
 from latentloop.models.reasoners.heads import VALUE_HEAD_FILE, SequenceValueHead
@@ -22,7 +23,7 @@ from latentloop.tasks.nqueens import all_solutions, board_from_columns
 from latentloop.train.checkpoint import latest_checkpoint
 from latentloop.train.loop import train
 from latentloop.train.run_config import build_reasoner_config
-from latentloop.train.value import fit_value_head, roc_auc
+from latentloop.train.value import fit_value_head
 from tests.tiny import TINY_REASONER, tiny_run
 
 

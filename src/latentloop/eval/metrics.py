@@ -308,3 +308,16 @@ def _generated_answer_ok(task: Task, problem: Any, tokens: torch.Tensor, eos: in
     """A generated answer counts when it ends with ``<eos>`` and the verifier accepts the text before it."""
     ids = tokens.tolist()
     return eos in ids and task.verify(problem, task.decode(ids))
+
+
+def roc_auc(scores: np.ndarray, positive: np.ndarray) -> float | None:
+    """The probability that a random positive scores above a random negative (ties count half)."""
+    positive = positive.astype(bool)
+    n_pos, n_neg = int(positive.sum()), int((~positive).sum())
+    if n_pos == 0 or n_neg == 0:
+        return None
+    order = np.argsort(scores, kind="mergesort")
+    _, first, counts = np.unique(scores[order], return_index=True, return_counts=True)
+    ranks = np.empty(len(scores))
+    ranks[order] = np.repeat(first + (counts + 1) / 2, counts)  # tied scores share their mean rank
+    return float((ranks[positive].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))

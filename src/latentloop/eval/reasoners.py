@@ -40,6 +40,7 @@ from latentloop.eval.metrics import (
     example_answers,
     judge,
     quick_accuracy,
+    roc_auc,
     solution_totals,
     unique_puzzles,
     unique_rows,
@@ -140,6 +141,8 @@ def evaluate_model(
         report["flops_per_puzzle"] = inference_flops(cost, steps, runs, select)
     if draws_samples(model):
         report["temperature"] = temperature
+        # How well the value head ranks the samples the verifier accepts above the others, at the last step
+        report["value_auc"] = roc_auc(values[-1].ravel(), valid[-1].ravel())
     if halt:
         report["halt"] = True
         report["mean_halt_step"] = float(halted_at.mean())
@@ -435,6 +438,10 @@ def markdown_table(report: dict[str, Any]) -> str:
         head = f" ({report['value_head']} value head)" if mode == "value" and "value_head" in report else ""
         lines.append(f"| accuracy, select {mode}{head} | {100 * value:.1f}% |")
     lines.append(f"| any sample valid (oracle) | {100 * report['oracle_accuracy']:.1f}% |")
+    if report.get("value_auc") is not None:
+        lines.append(
+            f"| value head ROC AUC (valid samples above the others, last step) | {report['value_auc']:.3f} |"
+        )
     if "coverage" in report:
         lines.append(f"| coverage ({report['samples']} samples) | {100 * report['coverage']:.1f}% |")
     if "conflicts_total" in report:

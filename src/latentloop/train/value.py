@@ -30,7 +30,7 @@ from safetensors.torch import save_file
 from tqdm import tqdm
 
 from latentloop.errors import UsageError
-from latentloop.eval.metrics import answers_valid
+from latentloop.eval.metrics import answers_valid, roc_auc
 from latentloop.io import atomic_path
 from latentloop.models.reasoners import Reasoner
 from latentloop.models.reasoners.heads import VALUE_HEAD_FILE, SequenceValueHead
@@ -79,19 +79,6 @@ def prior_rollouts(
         states.append(out.state.float())
         valid.append(answers_valid(task, x, out.logits.argmax(-1).cpu().numpy(), y))
     return torch.cat(states), torch.from_numpy(np.concatenate(valid))
-
-
-def roc_auc(scores: np.ndarray, positive: np.ndarray) -> float | None:
-    """The probability that a random positive scores above a random negative (ties count half)."""
-    positive = positive.astype(bool)
-    n_pos, n_neg = int(positive.sum()), int((~positive).sum())
-    if n_pos == 0 or n_neg == 0:
-        return None
-    order = np.argsort(scores, kind="mergesort")
-    _, first, counts = np.unique(scores[order], return_index=True, return_counts=True)
-    ranks = np.empty(len(scores))
-    ranks[order] = np.repeat(first + (counts + 1) / 2, counts)  # tied scores share their mean rank
-    return float((ranks[positive].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
 
 
 def fit_value_head(
