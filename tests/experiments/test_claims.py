@@ -32,6 +32,7 @@ from latentloop.experiments.claims import (
 from latentloop.experiments.results_page import (
     BEGIN,
     END,
+    FIGURE,
     HEADLINE_BEGIN,
     HEADLINE_CELL,
     HEADLINE_END,
@@ -39,7 +40,9 @@ from latentloop.experiments.results_page import (
     headings,
     headline_rows,
     render_dashboard,
+    render_figures,
     render_headline,
+    results_base,
     split_block,
     write_headline,
     write_results,
@@ -438,3 +441,33 @@ def test_write_headline_rewrites_only_its_block(tmp_path):
     assert "stale" not in text and "| [reproduced](docs/RESULTS.md#claim-gc8-gram-vs-trm) |" in text
     assert "conflicts 7 against 90; coverage 90.0% against 20.0%" in text
     assert not write_headline(readme)
+
+
+# Figures in prose ---------------------------------------------------------------------------------------------------
+
+
+def test_every_generated_figure_of_the_docs_is_fresh():
+    pages = [README, *sorted((ROOT / "docs").glob("*.md"))]
+    found = 0
+    for page in pages:
+        text = page.read_text()
+        found += len(FIGURE.findall(text))
+        assert render_figures(text, results_base(page)) == text, (
+            f"{page.name}: a generated figure is stale; run `latentloop run --dashboard {page.relative_to(ROOT)}`"
+        )
+    assert found >= 3
+
+
+def test_a_figure_is_filled_from_its_claims_measures(tmp_path):
+    models = {
+        "gram": {"conflicts_total": 7, "coverage": 0.9},
+        "trm": {"conflicts_total": 90, "coverage": 0.2},
+    }
+    _write(tmp_path, "results/default/results.json", _reasoners(**models))
+    (tmp_path / "RESULTS.md").write_text("# Results\n")
+    page = tmp_path / "topic.md"
+    marker = '<!-- figure: gc8-gram-vs-trm "GRAM {gram_conf:.0f} against {trm_conf:.0f} conflicts" -->'
+    page.write_text(f"Text {marker}stale<!-- /figure --> more.\n")
+    assert main(["run", "--dashboard", str(page)]) == 0
+    assert page.read_text() == f"Text {marker}GRAM 7 against 90 conflicts<!-- /figure --> more.\n"
+    assert (tmp_path / "RESULTS.md").read_text() == "# Results\n"  # a topic page gets no dashboard

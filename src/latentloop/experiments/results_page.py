@@ -260,9 +260,41 @@ def write_headline(path: Path) -> bool:
     return True
 
 
+# A figure in prose, generated: <!-- figure: CLAIM_ID "TEMPLATE" -->TEXT<!-- /figure -->, TEXT the template filled
+# with the claim's measures (claims.fill).
+FIGURE = re.compile(r'<!-- figure: (\S+) "([^"]*)" -->(.*?)<!-- /figure -->', re.DOTALL)
+
+
+def render_figures(text: str, base: Path) -> str:
+    """``text`` with every generated figure filled from the claims measured under ``base``."""
+    cache: dict[Path, Any] = {}
+
+    def filled(match: re.Match[str]) -> str:
+        claim_id, template = match.group(1), match.group(2)
+        result = evaluate(CATALOG.claim(claim_id), base, cache)
+        value = fill(template, result.values) if result.values else result.figure
+        return f'<!-- figure: {claim_id} "{template}" -->{value}<!-- /figure -->'
+
+    return FIGURE.sub(filled, text)
+
+
+def results_base(path: Path) -> Path:
+    """The folder whose results files a markdown page's figures read: its own when it sits beside RESULTS.md
+    (docs/), else its docs/ folder (the README)."""
+    return path.parent if (path.parent / "RESULTS.md").is_file() else path.parent / "docs"
+
+
 def regenerate(path: Path) -> bool:
-    """Regenerate the generated blocks of the markdown file ``path``: a README's headline table when it has
-    one, else a results page's dashboard (inserted when missing). Returns whether the file changed."""
-    if HEADLINE_BEGIN.search(path.read_text()):
-        return write_headline(path)
-    return write_results(path, dashboard=True)
+    """Regenerate the generated blocks of the markdown file ``path``: a README's headline table, the figures
+    in prose of any page, and a results page's dashboard (inserted when missing in a page that has neither of
+    the others). Returns whether the file changed."""
+    text = path.read_text()
+    changed = write_headline(path) if HEADLINE_BEGIN.search(text) else False
+    text = path.read_text()
+    figures = render_figures(text, results_base(path))
+    if figures != text:
+        atomic_write_text(path, figures)
+        changed = True
+    if HEADLINE_BEGIN.search(text) or (FIGURE.search(text) and path.name != "RESULTS.md"):
+        return changed
+    return write_results(path, dashboard=True) or changed
