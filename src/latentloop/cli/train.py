@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import typer
 
 from latentloop.cli.app import REVISION, TEMPERATURE, app, data_app, deprecated, int_list  # noqa: F401
+from latentloop.cli.options import options_of, with_options
 from latentloop.config import check_repeated_keys
 from latentloop.errors import UsageError
 
@@ -158,7 +160,38 @@ def train(
     typer.echo(f"checkpoint: {result['checkpoint']}")
 
 
+_GRIDS = ("steps_grid", "samples_grid", "width_depths")
+
+
+def _puzzle(default: Any, help: str) -> Any:
+    return field(default=default, metadata={"help": f"Puzzle models: {help}"})
+
+
+@dataclass
+class PuzzleEvalOptions:
+    """The options of ``latentloop eval`` that puzzle models take (:func:`evaluate_reasoner`'s settings)."""
+
+    samples: int | None = _puzzle(None, "parallel samples per puzzle (default 20).")
+    steps: int | None = _puzzle(None, "supervision steps (default: n_sup).")
+    select: str = _puzzle("vote", "vote, value, first or q (the halting head).")
+    seed: int = _puzzle(0, "seed of the sampling noise.")
+    halt: bool = _puzzle(False, "a sample keeps its answer from the step its Q-head halts at.")
+    split: str = _puzzle("test", "test, or validation (the training puzzles held out by train.validation).")
+    steps_grid: str | None = _puzzle(
+        None, "depths of the compute table's depth curve, one trajectory each (1,2,4,...,320)."
+    )
+    samples_grid: str | None = _puzzle(None, "samples of the width curves (1,2,5,10,20).")
+    width_depths: str | None = _puzzle(None, "the steps at which the width curves are measured (4,8,16).")
+    state_noise: float = _puzzle(
+        0.0,
+        "for the width curves of a deterministic model, Gaussian noise of this standard deviation added to its "
+        "latent state before every step (noisy TRM; rank with --select q).",
+    )
+    timing_puzzles: int = _puzzle(8, "puzzles solved one at a time to time each compute cell.")
+
+
 @app.command("eval")
+@with_options(options_of(PuzzleEvalOptions))
 def eval_command(
     run: str = typer.Argument(
         ...,
@@ -181,52 +214,15 @@ def eval_command(
     init_scale: float = typer.Option(
         0.0, "--init-scale", help="Initial latent state scale (0 = deterministic)."
     ),
-    samples: int = typer.Option(
-        None, "--samples", min=1, help="Puzzle models: parallel samples per puzzle (default 20)."
-    ),
     num_samples: int = typer.Option(
         1,
         "--num-samples",
         min=1,
         help="Language models: latent trajectories per problem, answered by vote (needs --init-scale > 0).",
     ),
-    steps: int = typer.Option(None, "--steps", help="Puzzle models: supervision steps (default: n_sup)."),
-    select: str = typer.Option(
-        "vote", "--select", help="Puzzle models: vote, value, first or q (the halting head)."
-    ),
     temperature: float = TEMPERATURE,
-    seed: int = typer.Option(0, "--seed", help="Puzzle models: seed of the sampling noise."),
-    halt: bool = typer.Option(
-        False, "--halt", help="Puzzle models: a sample keeps its answer from the step its Q-head halts at."
-    ),
-    split: str = typer.Option(
-        "test",
-        "--split",
-        help="Puzzle models: test, or validation (the training puzzles held out by train.validation).",
-    ),
-    steps_grid: str = typer.Option(
-        None,
-        "--steps-grid",
-        help="Puzzle models: depths of the compute table's depth curve, one trajectory each (1,2,4,...,320).",
-    ),
-    samples_grid: str = typer.Option(
-        None, "--samples-grid", help="Puzzle models: samples of the width curves (1,2,5,10,20)."
-    ),
-    width_depths: str = typer.Option(
-        None,
-        "--width-depths",
-        help="Puzzle models: the steps at which the width curves are measured (4,8,16).",
-    ),
-    state_noise: float = typer.Option(
-        0.0,
-        "--state-noise",
-        help="Puzzle models: for the width curves of a deterministic model, Gaussian noise of this standard "
-        "deviation added to its latent state before every step (noisy TRM; rank with --select q).",
-    ),
-    timing_puzzles: int = typer.Option(
-        8, "--timing-puzzles", help="Puzzle models: puzzles solved one at a time to time each compute cell."
-    ),
     json_output: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    **puzzle: Any,
 ) -> None:
     """Held-out accuracy (or perplexity) at each test-time depth; writes eval.json, eval.md, eval_depth.png.
     Puzzle models: accuracy by the verifier, coverage, conflicts, curves over steps and samples; with
@@ -234,8 +230,9 @@ def eval_command(
     (eval_compute.png)."""
     if limit is not None and limit < 1:
         raise UsageError(f"--limit must be positive, got {limit}")
-    if split not in ("test", "validation"):
-        raise UsageError(f"--split must be test or validation, got {split!r}")
+    options = PuzzleEvalOptions(**puzzle)
+    if options.split not in ("test", "validation"):
+        raise UsageError(f"--split must be test or validation, got {options.split!r}")
     if num_steps is not None:
         deprecated("--num-steps", "--depths")
         depths = num_steps if depths is None else depths
@@ -245,63 +242,52 @@ def eval_command(
 
     write = not from_hub(run)
     run = str(resolve_model(run, revision))
+    shared = {"batch_size": batch_size, "limit": limit, "task": task, "write": write}
     if family_of_run(run) is REASONER:
-        from latentloop.eval.grid import ComputeGrid
-        from latentloop.eval.reasoners import evaluate_reasoner
-        from latentloop.eval.reasoners import markdown_table as reasoner_table
-
-        grid_lists = [
-            int_list(text, name)
-            for text, name in (
-                (steps_grid, "--steps-grid"),
-                (samples_grid, "--samples-grid"),
-                (width_depths, "--width-depths"),
-            )
-        ]
-        report = evaluate_reasoner(
-            run,
-            samples=20 if samples is None else samples,
-            steps=steps,
-            select=select,
-            batch_size=batch_size,
-            limit=limit,
-            task=task,
-            temperature=temperature,
-            seed=seed,
-            halt=halt,
-            split=split,
-            write=write,
-            grid=ComputeGrid(*grid_lists, state_noise, timing_puzzles),
-        )
-        text = reasoner_table(report).rstrip()
+        report, text = _eval_reasoner(run, options, temperature, **shared)
     else:
-        if split != "test":
+        if options.samples is not None:  # its meaning for language models before --num-samples
+            deprecated("--samples", "--num-samples")
+            num_samples = options.samples
+        if options.split != "test":
             raise UsageError(
                 "--split is for puzzle models; a language model is evaluated on its held-out text"
             )
-        from latentloop.eval.lm import evaluate_lm
-        from latentloop.eval.lm import markdown_table as lm_table
+        from latentloop.eval.lm import evaluate_lm, markdown_table
 
-        if samples is not None:  # its meaning for language models before --num-samples
-            deprecated("--samples", "--num-samples")
-            num_samples = samples
-        report = evaluate_lm(
-            run,
-            depth_list,
-            batch_size=batch_size,
-            limit=limit,
-            init_scale=init_scale,
-            task=task,
-            samples=num_samples,
-            write=write,
-        )
-        text = lm_table(report).rstrip()
+        report = evaluate_lm(run, depth_list, init_scale=init_scale, samples=num_samples, **shared)
+        text = markdown_table(report).rstrip()
     if json_output:
         typer.echo(json.dumps(report))
         return
     typer.echo(text)
     for path in report.get("written", []):
         typer.echo(f"wrote {path}")
+
+
+def _eval_reasoner(
+    run: str, options: PuzzleEvalOptions, temperature: float, **shared: Any
+) -> tuple[dict[str, Any], str]:
+    """``latentloop eval`` of a puzzle model: the report and its table."""
+    from latentloop.eval.grid import ComputeGrid
+    from latentloop.eval.reasoners import evaluate_reasoner, markdown_table
+
+    if options.samples is not None and options.samples < 1:
+        raise UsageError(f"--samples must be at least 1, got {options.samples}")
+    grids = [int_list(getattr(options, name), f"--{name.replace('_', '-')}") for name in _GRIDS]
+    report = evaluate_reasoner(
+        run,
+        samples=20 if options.samples is None else options.samples,
+        steps=options.steps,
+        select=options.select,
+        temperature=temperature,
+        seed=options.seed,
+        halt=options.halt,
+        split=options.split,
+        grid=ComputeGrid(*grids, options.state_noise, options.timing_puzzles),
+        **shared,
+    )
+    return report, markdown_table(report).rstrip()
 
 
 @app.command("fit-value")
