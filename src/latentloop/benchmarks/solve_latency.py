@@ -38,7 +38,8 @@ from latentloop.runtime import median_seconds
 from latentloop.tasks.base import get_task, parse_task_spec
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> ArgumentParser:
+    """The command line of :func:`main`."""
     parser = ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="sudoku9-gram", help="a shipped model's folder name")
     parser.add_argument("--puzzles", type=int, default=8, help="held-out puzzles")
@@ -48,7 +49,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2, help="torch threads (the command's too)")
     parser.add_argument("--grid", default="1x1,4x1,8x1,4x20,8x20,16x20", help="STEPSxSAMPLES settings")
     parser.add_argument("--output", default=None, help="also write the JSON here")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     folder = PRETRAINED_DIR / args.model
     try:
         if not (folder / "run.yaml").is_file():

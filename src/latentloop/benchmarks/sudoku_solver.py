@@ -84,7 +84,8 @@ def _generate(tier: str, count: int, rng: np.random.Generator) -> tuple[list, fl
     return made, time.perf_counter() - start
 
 
-def main(argv: list[str] | None = None) -> dict:
+def _parser() -> ArgumentParser:
+    """The command line of :func:`main`."""
     parser = ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--count", type=int, default=1000, help="extreme-tier puzzles for the exact solver")
     parser.add_argument(
@@ -98,7 +99,11 @@ def main(argv: list[str] | None = None) -> dict:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="100 puzzles, 10 for the baseline, 30 per tier")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = _parser().parse_args(argv)
     if args.quick:
         args.count, args.baseline_count, args.per_tier = 100, 10, 30
     rng = np.random.default_rng(args.seed)

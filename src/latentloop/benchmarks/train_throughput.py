@@ -58,7 +58,8 @@ def flops_per_token(config: RecurrentDepthConfig, seq_len: int, no_grad: int, wi
     }
 
 
-def main() -> None:
+def _parser() -> ArgumentParser:
+    """The command line of :func:`main`."""
     parser = ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default=str(CONFIGS_DIR / "lm-arithmetic.yaml"))
     parser.add_argument("--batch-size", type=int, default=None, help="default: the config's train.batch_size")
@@ -69,7 +70,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--n-embd", type=int, default=None)
     parser.add_argument("--profile", action="store_true", help="add the top CPU ops of one profiled step")
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = _parser().parse_args()
 
     data = load_yaml(args.config)
 
