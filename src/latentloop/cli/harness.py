@@ -78,13 +78,10 @@ def harness(
         deprecated("--num-steps", "--depths")
         depths = num_steps if depths is None else depths
     depth_list = int_list(depths, "--depths")
-    for name, value in (("--limit", limit), ("--batch-size", batch_size), ("--kv-share", kv_share)):
-        if value is not None and value < 1:
-            raise UsageError(f"{name} must be at least 1, got {value}")
-    if num_fewshot is not None and num_fewshot < 0:
-        raise UsageError(f"--num-fewshot must not be negative, got {num_fewshot}")
-    if bootstrap_iters < 0:
-        raise UsageError(f"--bootstrap-iters must not be negative, got {bootstrap_iters}")
+    _check_counts(
+        at_least_1={"--limit": limit, "--batch-size": batch_size, "--kv-share": kv_share},
+        at_least_0={"--num-fewshot": num_fewshot, "--bootstrap-iters": bootstrap_iters},
+    )
     if include_path is not None and not include_path.is_dir():
         raise UsageError(f"--include-path {include_path} is not a folder")
     lm_harness = _load_harness()
@@ -115,3 +112,13 @@ def harness(
         typer.echo(json.dumps(report, default=str))
     else:
         typer.echo(lm_harness.format_table(report))
+
+
+def _check_counts(at_least_1: dict[str, int | None], at_least_0: dict[str, int | None]) -> None:
+    """A one-line error for the first count option below its least value (None: not given)."""
+    for name, value in at_least_1.items():
+        if value is not None and value < 1:
+            raise UsageError(f"{name} must be at least 1, got {value}")
+    for name, value in at_least_0.items():
+        if value is not None and value < 0:
+            raise UsageError(f"{name} must not be negative, got {value}")
