@@ -29,7 +29,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -157,15 +157,7 @@ def reasoner_config(
     vocab = rows("embed_tokens.embedding_weight")
     puzzles = rows("puzzle_emb.weights") if puzzle_dim else 0
     mlp_t = bool(arch.get("mlp_t", False))
-    if mlp_t:  # mlp_t's gate-up projection reads the whole latent: prefix and puzzle
-        inferred = rows("L_level.layers.0.mlp_t.gate_up_proj.weight", axis=1) - puzzle_tokens
-        if seq_len is not None and seq_len != inferred:
-            raise UsageError(f"--seq-len {seq_len} does not fit mlp_t's weights ({inferred} positions)")
-        seq_len = inferred
-    if seq_len is None:
-        raise UsageError(
-            "the sequence length is not in an attention model's weights: give --seq-len, or --task"
-        )
+    seq_len = _sequence_length(seq_len, rows if mlp_t else None, puzzle_tokens)
     # HRM halts on q_halt > q_continue, and so does TRM when trained with its continue loss.
     q_learning = kind == "hrm" or not arch.get("no_ACT_continue", True)
     halting = "q-learning" if q_learning else "bce"
@@ -193,6 +185,21 @@ def reasoner_config(
         pos_encoding=pos_encoding,
         init="lecun",
     )
+
+
+def _sequence_length(given: int | None, rows: Callable[..., int] | None, puzzle_tokens: int) -> int:
+    """The puzzle's length: read from mlp_t's gate-up projection (``rows`` of the weights, which read the whole
+    latent: prefix and puzzle) when the model has one, else the ``--seq-len`` given."""
+    if rows is not None:
+        inferred = rows("L_level.layers.0.mlp_t.gate_up_proj.weight", axis=1) - puzzle_tokens
+        if given is not None and given != inferred:
+            raise UsageError(f"--seq-len {given} does not fit mlp_t's weights ({inferred} positions)")
+        return inferred
+    if given is None:
+        raise UsageError(
+            "the sequence length is not in an attention model's weights: give --seq-len, or --task"
+        )
+    return given
 
 
 def convert_state_dict(
