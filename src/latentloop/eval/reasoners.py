@@ -231,7 +231,6 @@ def evaluate_grid(
         return None
     widths = draws_samples(model, grid.state_noise) and bool(grid.width_depths)
     noise = 0.0 if model.stochastic else grid.state_noise  # GRAM brings its own noise
-    idx = np.arange(len(inputs))
     cells: list[dict[str, Any]] = []
     if grid.steps_grid:
         # The depth curve of one trajectory: the deterministic model itself, without the noise of the widths.
@@ -252,37 +251,9 @@ def evaluate_grid(
                 }
             )
     if widths:
-        rollout = _rollout(
-            model,
-            inputs,
-            max(grid.samples_grid),
-            max(grid.width_depths),
-            batch_size,
-            False,
-            temperature,
-            noise,
-            progress,
-            label,
+        cells += _width_cells(
+            model, task, inputs, grid, cost, batch_size, temperature, noise, progress, label
         )
-        at = [d - 1 for d in grid.width_depths]
-        violations, key_ids, _ = judge(task, inputs, rollout["predictions"][at])
-        scores = {"value": rollout["values"][at], "q": rollout["halt_logits"][at]}
-        for row, d in enumerate(grid.width_depths):
-            for k in grid.samples_grid:
-                for mode in WIDTH_SELECTIONS:
-                    chosen = chosen_samples(
-                        key_ids[row, :k], scores.get(mode, scores["value"])[row, :k], mode
-                    )
-                    cells.append(
-                        {
-                            "curve": "width",
-                            "steps": d,
-                            "samples": k,
-                            "select": mode,
-                            "accuracy": float((violations[row, chosen, idx] == 0).mean()),
-                            "flops": inference_flops(cost, d, k, mode),
-                        }
-                    )
     times = _time_cells(model, inputs[: grid.timing_puzzles], grid, widths, noise, temperature)
     for cell in cells:
         cell["ms_per_puzzle"] = times.get((cell["curve"], cell["steps"], cell["samples"]))
@@ -293,6 +264,39 @@ def evaluate_grid(
         "state_noise": noise,
         "cells": cells,
     }
+
+
+def _width_cells(
+    model: Reasoner,
+    task: Task,
+    inputs: np.ndarray,
+    grid: ComputeGrid,
+    cost: Any,
+    batch_size: int,
+    temperature: float,
+    noise: float,
+    progress: bool | None,
+    label: str,
+) -> list[dict[str, Any]]:
+    """The width cells of :func:`evaluate_grid`: each depth of ``grid.width_depths`` by each sample count of
+    ``grid.samples_grid`` and each selection, from one rollout of the most samples to the deepest step."""
+    samples, depth = max(grid.samples_grid), max(grid.width_depths)
+    rollout = _rollout(model, inputs, samples, depth, batch_size, False, temperature, noise, progress, label)
+    at = [d - 1 for d in grid.width_depths]
+    violations, key_ids, _ = judge(task, inputs, rollout["predictions"][at])
+    scores = {"value": rollout["values"][at], "q": rollout["halt_logits"][at]}
+    idx = np.arange(len(inputs))
+    cells = []
+    for row, d in enumerate(grid.width_depths):
+        for k in grid.samples_grid:
+            for mode in WIDTH_SELECTIONS:
+                chosen = chosen_samples(key_ids[row, :k], scores.get(mode, scores["value"])[row, :k], mode)
+                accuracy = float((violations[row, chosen, idx] == 0).mean())
+                cells.append(
+                    {"curve": "width", "steps": d, "samples": k, "select": mode, "accuracy": accuracy}
+                    | {"flops": inference_flops(cost, d, k, mode)}
+                )
+    return cells
 
 
 @torch.no_grad()
