@@ -140,62 +140,46 @@ def _checkpoint_task(model: str, task: Task, options: dict[str, str]) -> str | N
     return ":".join([task.name, ",".join(f"{key}={value}" for key, value in options.items())]).rstrip(":")
 
 
-@app.command("solve", context_settings=_EXTRA)
-def solve(
+# The options of `latentloop solve` whose help takes more than a line.
+_MODEL = typer.Option(
+    None,
+    "--model",
+    help="Use a trained model (run folder, checkpoint or Hub model id org/name); default: the pretrained one.",
+)
+_SAMPLES = typer.Option(
+    None,
+    "--samples",
+    help="With a model: parallel samples, chosen by --select (default: the shipped model's setting, else 1).",
+)
+_STEPS = typer.Option(
+    None,
+    "--steps",
+    help="With a model: supervision steps (default: the shipped model's setting, else n_sup).",
+)
+_STATE_NOISE = typer.Option(
+    None,
+    "--state-noise",
+    help="With a deterministic model: noise on its latent state, so its samples differ (noisy TRM).",
+)
+
+
+def _choose_model(
     ctx: typer.Context,
-    task: str = typer.Argument(..., help="Task name (options as TASK:key=value or --key value)."),
-    puzzle: str = typer.Argument(..., help="The puzzle in the task's text form."),
-    exact: bool = typer.Option(False, "--exact", help="Use the classical exact solver."),
-    model: str | None = typer.Option(
-        None,
-        "--model",
-        help="Use a trained model (run folder, checkpoint or Hub model id org/name); default: the pretrained one.",
-    ),
-    revision: str | None = REVISION,
-    all_: bool = typer.Option(
-        False, "--all", help="List every solution (up to --limit); with a model, the distinct valid samples."
-    ),
-    limit: int | None = typer.Option(None, "--limit", help="Most solutions to list with --all."),
-    n: str | None = typer.Option(None, "--n", help="Task option n."),
-    colors: str | None = typer.Option(None, "--colors", help="Task option colors (graph colouring)."),
-    samples: int | None = typer.Option(
-        None,
-        "--samples",
-        help="With a model: parallel samples, chosen by --select (default: the shipped model's setting, else 1).",
-    ),
-    select: str | None = typer.Option(
-        None, "--select", help="With a model: vote, value, first or q (the halting head); default vote."
-    ),
-    steps: int | None = typer.Option(
-        None,
-        "--steps",
-        help="With a model: supervision steps (default: the shipped model's setting, else n_sup).",
-    ),
-    state_noise: float | None = typer.Option(
-        None,
-        "--state-noise",
-        help="With a deterministic model: noise on its latent state, so its samples differ (noisy TRM).",
-    ),
-    seed: int = typer.Option(
-        0, "--seed", help="With a model: seed of the sampling noise (same seed, same answer)."
-    ),
-    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
-) -> None:
-    """Solve a puzzle with the exact solver (--exact), a trained model (--model), or else the pretrained model
-    shipped for the task, at the test-time setting it ships with (its solve.yaml); exit 1 when unsolved."""
-    if exact and model is not None:
-        raise UsageError("choose one solver: --exact (the classical exact solver) or --model RUN")
-    if limit is not None and limit < 1:
-        raise UsageError(f"--limit must be at least 1, got {limit}")
-    if limit is not None and not exact:
-        raise UsageError("--limit caps the list of --exact --all; a model lists at most --samples answers")
-    the_task, options = _task(task, ctx, n=n, colors=colors)
+    the_task: Task,
+    options: dict[str, Any],
+    puzzle: str,
+    exact: bool,
+    model: str | None,
+    revision: str | None,
+) -> tuple[Task, Path | None, str | None, str | None]:
+    """``solve``'s model: ``(task, pretrained folder, model, model's task spec)``. Without --exact or --model,
+    the shipped model whose puzzle size this puzzle has; a shipped model (or its copy) fixes the puzzle size
+    when no task option is given."""
     pretrained = None
     if not exact and model is None:
         from latentloop.pretrained import (
             pretrained_model,
             pretrained_task_spec,
-            pretrained_variants,
         )
 
         def takes(folder: Path) -> bool:  # the shipped model whose puzzle size this puzzle has
@@ -217,11 +201,53 @@ def solve(
         model_task = _checkpoint_task(model, the_task, options)
         if model_task is not None and not options:  # a shipped model's copy fixes the puzzle size too
             the_task, _ = _task(model_task, ctx)
+    return the_task, pretrained, model, model_task
+
+
+@app.command("solve", context_settings=_EXTRA)
+def solve(
+    ctx: typer.Context,
+    task: str = typer.Argument(..., help="Task name (options as TASK:key=value or --key value)."),
+    puzzle: str = typer.Argument(..., help="The puzzle in the task's text form."),
+    exact: bool = typer.Option(False, "--exact", help="Use the classical exact solver."),
+    model: str | None = _MODEL,
+    revision: str | None = REVISION,
+    all_: bool = typer.Option(
+        False, "--all", help="List every solution (up to --limit); with a model, the distinct valid samples."
+    ),
+    limit: int | None = typer.Option(None, "--limit", help="Most solutions to list with --all."),
+    n: str | None = typer.Option(None, "--n", help="Task option n."),
+    colors: str | None = typer.Option(None, "--colors", help="Task option colors (graph colouring)."),
+    samples: int | None = _SAMPLES,
+    select: str | None = typer.Option(
+        None, "--select", help="With a model: vote, value, first or q (the halting head); default vote."
+    ),
+    steps: int | None = _STEPS,
+    state_noise: float | None = _STATE_NOISE,
+    seed: int = typer.Option(
+        0, "--seed", help="With a model: seed of the sampling noise (same seed, same answer)."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+) -> None:
+    """Solve a puzzle with the exact solver (--exact), a trained model (--model), or else the pretrained model
+    shipped for the task, at the test-time setting it ships with (its solve.yaml); exit 1 when unsolved."""
+    if exact and model is not None:
+        raise UsageError("choose one solver: --exact (the classical exact solver) or --model RUN")
+    if limit is not None and limit < 1:
+        raise UsageError(f"--limit must be at least 1, got {limit}")
+    if limit is not None and not exact:
+        raise UsageError("--limit caps the list of --exact --all; a model lists at most --samples answers")
+    the_task, options = _task(task, ctx, n=n, colors=colors)
+    the_task, pretrained, model, model_task = _choose_model(
+        ctx, the_task, options, puzzle, exact, model, revision
+    )
     try:
         the_puzzle = the_task.parse(puzzle)
     except UsageError as error:
         if pretrained is None:
             raise
+        from latentloop.pretrained import pretrained_task_spec, pretrained_variants
+
         shipped = [pretrained_task_spec(path) for path in pretrained_variants()[the_task.name]]
         takes_what = "models take" if len(shipped) > 1 else "model takes"
         raise UsageError(
