@@ -44,6 +44,7 @@ from latentloop.experiments.results_page import (
     render_headline,
     results_base,
     split_block,
+    with_reports,
     write_headline,
     write_results,
 )
@@ -471,3 +472,19 @@ def test_a_figure_is_filled_from_its_claims_measures(tmp_path):
     assert main(["run", "--dashboard", str(page)]) == 0
     assert page.read_text() == f"Text {marker}GRAM 7 against 90 conflicts<!-- /figure --> more.\n"
     assert (tmp_path / "RESULTS.md").read_text() == "# Results\n"  # a topic page gets no dashboard
+
+
+def test_every_report_is_regenerated_byte_identical_from_its_committed_results():
+    """The experiments' sections of RESULTS.md and each results folder's report.md are the reports their
+    committed results.json render to: `latentloop run --dashboard docs/RESULTS.md` rewrites any that are not."""
+    from latentloop.experiments.report import report_markdown
+
+    text = RESULTS.read_text()
+    assert with_reports(text, RESULTS.parent) == text, "a section of docs/RESULTS.md is stale"
+    reports = 0
+    for results in sorted((RESULTS.parent / "results").glob("*/results.json")):
+        report = results.parent / "report.md"
+        if report.is_file():
+            reports += 1
+            assert report.read_text() == report_markdown(json.loads(results.read_text())), report
+    assert reports >= 20

@@ -11,6 +11,7 @@ to, and the contents list from the page's ``## `` headings.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -184,6 +185,41 @@ def _with_dashboard(text: str, block: str) -> str:
     return text[: match.start()] + block + "\n\n" + text[match.start() :]
 
 
+_SECTION = re.compile(r"<!-- experiment: (\S+) -->\n(.*?)\n<!-- /experiment: \1 -->", re.DOTALL)
+
+
+def with_reports(text: str, base: Path) -> str:
+    """A results page's ``text`` with every experiment section whose results file is committed
+    (``base/results/NAME/results.json``) rendered anew from it, keeping the section's ``Command:`` line."""
+    from latentloop.experiments.report import report_markdown
+
+    def rendered(match: re.Match[str]) -> str:
+        name, body = match.group(1), match.group(2)
+        results = base / "results" / name / "results.json"
+        if not results.is_file():
+            return match.group(0)
+        markdown = report_markdown(json.loads(results.read_text()), _command(body))
+        return f"<!-- experiment: {name} -->\n{markdown.rstrip()}\n<!-- /experiment: {name} -->"
+
+    return _SECTION.sub(rendered, text)
+
+
+def write_folder_reports(base: Path) -> list[Path]:
+    """Rewrite each ``base/results/*/report.md`` that lies beside a results file from it; the ones changed."""
+    from latentloop.experiments.report import report_markdown
+
+    changed = []
+    for results in sorted(base.glob("results/*/results.json")):
+        report = results.parent / "report.md"
+        if not report.is_file():
+            continue
+        markdown = report_markdown(json.loads(results.read_text()))
+        if report.read_text() != markdown:
+            atomic_write_text(report, markdown)
+            changed.append(report)
+    return changed
+
+
 def write_results(
     path: Path,
     section: tuple[str, str] | None = None,
@@ -297,4 +333,10 @@ def regenerate(path: Path) -> bool:
         changed = True
     if HEADLINE_BEGIN.search(text) or (FIGURE.search(text) and path.name != "RESULTS.md"):
         return changed
+    if split_block(text)[1] is not None:  # a results page: its experiments' reports are generated too
+        changed = bool(write_folder_reports(path.parent)) or changed
+        sections = with_reports(text, path.parent)
+        if sections != text:
+            atomic_write_text(path, sections)
+            changed = True
     return write_results(path, dashboard=True) or changed
