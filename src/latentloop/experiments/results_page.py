@@ -189,14 +189,15 @@ _SECTION = re.compile(r"<!-- experiment: (\S+) -->\n(.*?)\n<!-- /experiment: \1 
 
 
 def with_reports(text: str, base: Path) -> str:
-    """A results page's ``text`` with every experiment section whose results file is committed
-    (``base/results/NAME/results.json``) rendered anew from it, keeping the section's ``Command:`` line."""
+    """A results page's ``text`` with every experiment section whose run is committed (``base/results/NAME``
+    holding the run's results.json and report.md) rendered anew from its results, keeping the section's
+    ``Command:`` line."""
     from latentloop.experiments.report import report_markdown
 
     def rendered(match: re.Match[str]) -> str:
         name, body = match.group(1), match.group(2)
         results = base / "results" / name / "results.json"
-        if not results.is_file():
+        if not (results.is_file() and results.with_name("report.md").is_file()):
             return match.group(0)
         markdown = report_markdown(json.loads(results.read_text()), _command(body))
         return f"<!-- experiment: {name} -->\n{markdown.rstrip()}\n<!-- /experiment: {name} -->"
