@@ -32,6 +32,7 @@ from latentloop.experiments.claims import (
     evaluate,
     fill,
 )
+from latentloop.experiments.report import report_markdown
 from latentloop.io import atomic_write_text
 
 BEGIN = "<!-- claims:begin -->"
@@ -192,8 +193,6 @@ def with_reports(text: str, base: Path) -> str:
     """A results page's ``text`` with every experiment section whose run is committed (``base/results/NAME``
     holding the run's results.json and report.md) rendered anew from its results, keeping the section's
     ``Command:`` line."""
-    from latentloop.experiments.report import report_markdown
-
     def rendered(match: re.Match[str]) -> str:
         name, body = match.group(1), match.group(2)
         results = base / "results" / name / "results.json"
@@ -207,8 +206,6 @@ def with_reports(text: str, base: Path) -> str:
 
 def write_folder_reports(base: Path) -> list[Path]:
     """Rewrite each ``base/results/*/report.md`` that lies beside a results file from it; the ones changed."""
-    from latentloop.experiments.report import report_markdown
-
     changed = []
     for results in sorted(base.glob("results/*/results.json")):
         report = results.parent / "report.md"
