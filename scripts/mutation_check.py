@@ -189,7 +189,7 @@ FAULTS: tuple[Fault, ...] = (
     ),
     Fault(
         "solve-unseeded",
-        "eval/reasoners.py",
+        "infer/solve.py",
         "torch.manual_seed(seed)  # after building the model",
         "pass  # after building the model",
         ("tests/test_pretrained.py::test_solving_with_a_model_is_seeded",),
@@ -198,8 +198,8 @@ FAULTS: tuple[Fault, ...] = (
     Fault(
         "kl-balance-swapped",
         "models/reasoners/gram.py",
-        "kl = alpha * to_prior + (1 - alpha) * to_posterior",
-        "kl = (1 - alpha) * to_prior + alpha * to_posterior",
+        "kl = (alpha * to_prior + (1 - alpha) * to_posterior).sum(-1)",
+        "kl = ((1 - alpha) * to_prior + alpha * to_posterior).sum(-1)",
         (
             "tests/models/reasoners/test_gram_kl.py"
             "::test_kl_balance_splits_the_gradient_between_prior_and_posterior",
@@ -209,8 +209,8 @@ FAULTS: tuple[Fault, ...] = (
     Fault(
         "kl-balance-not-from-config",
         "models/reasoners/gram.py",
-        "kl = balanced_kl(mu, std, mu_p, std_p, self.config.kl_balance)",
-        "kl = balanced_kl(mu, std, mu_p, std_p, 0.8)",
+        "kl = balanced_kl(mu, std, mu_p, std_p, self.config.kl_balance, self.config.kl_reduce)",
+        "kl = balanced_kl(mu, std, mu_p, std_p, 0.8, self.config.kl_reduce)",
         ("tests/models/reasoners/test_gram_kl.py::test_the_model_balances_its_kl_by_its_config",),
         "GRAM balances its KL with the default 0.8 instead of its config's kl_balance",
     ),
