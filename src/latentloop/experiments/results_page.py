@@ -193,6 +193,7 @@ def with_reports(text: str, base: Path) -> str:
     """A results page's ``text`` with every experiment section whose run is committed (``base/results/NAME``
     holding the run's results.json and report.md) rendered anew from its results, keeping the section's
     ``Command:`` line."""
+
     def rendered(match: re.Match[str]) -> str:
         name, body = match.group(1), match.group(2)
         results = base / "results" / name / "results.json"
