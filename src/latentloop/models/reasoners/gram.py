@@ -46,7 +46,10 @@ solved with the posterior, 3-4% of the held-out ones with one sample from the pr
 trains a share ``s`` of the samples, drawn once per sample, on the prior's noise for their whole trajectory, as
 inference runs, with no KL charged: the remedy of the conditional VAE's authors (Sohn et al. 2015, "Learning
 Structured Output Representation using Deep Conditional Generative Models"), whose hybrid objective mixes the
-CVAE's loss with that of the same network fed prior noise (their GSNN). Also latentloop's option.
+CVAE's loss with that of the same network fed prior noise (their GSNN). Also latentloop's option. The share is
+of the samples drawn, not of the updates: under ``train.replace_halted`` a sample leaves when its answer is
+right, which a prior-noise sample reaches later, so those samples hold their slots longer and take more than
+a share ``s`` of the updates.
 
 Training the prior where it is used (latentloop's options; the paper's reading is the default of each). In the
 paper's training every supervision step starts from the posterior's state, the halt and value heads learn
