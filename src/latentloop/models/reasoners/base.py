@@ -171,11 +171,15 @@ class ReasonerConfig:
             raise UsageError("model.prior_share needs a posterior to share with (model.guidance posterior)")
         if self.prior_ce < 0:
             raise UsageError(f"model.prior_ce must be at least 0, got {self.prior_ce}")
-        prior_training = (self.carry, self.heads, self.prior_ce) != ("posterior", "posterior", 0)
-        if self.guidance != "posterior" and prior_training:
+        if self.guidance != "posterior" and self.trains_prior_path:
             raise UsageError(
                 "model.carry, model.heads and model.prior_ce need GRAM's posterior (model.guidance posterior)"
             )
+
+    @property
+    def trains_prior_path(self) -> bool:
+        """Whether GRAM's training also follows its prior's sample (``carry``, ``heads`` or ``prior_ce``)."""
+        return (self.carry, self.heads, self.prior_ce) != ("posterior", "posterior", 0)
 
     @property
     def prefix_len(self) -> int:

@@ -273,11 +273,7 @@ class GRAMReasoner(Reasoner):
         with torch.no_grad():
             for _ in range(config.cycles - 1):
                 h, l, _, _ = self.transition(h, l, e_x, rope, e_y_early, temperature, unguided)  # noqa: E741
-        with_prior = e_y is not None and (config.carry, config.heads, config.prior_ce) != (
-            "posterior",
-            "posterior",
-            0,
-        )
+        with_prior = e_y is not None and config.trains_prior_path
         h, l, kl, h_prior = self.transition(h, l, e_x, rope, e_y, temperature, unguided, with_prior)  # noqa: E741
         out = self.readout(
             h, kl, head_state=h_prior.detach() if with_prior and config.heads == "prior" else None
