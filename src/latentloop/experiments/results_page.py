@@ -117,14 +117,14 @@ def render_dashboard(text: str, base: Path, claims: Sequence[Claim] = CATALOG.cl
     lines = [
         BEGIN,
         "<!-- Generated from the committed results files by `latentloop run --dashboard docs/RESULTS.md`"
-        " (src/latentloop/experiments/claims.py); do not edit by hand. -->",
+        " (src/latentloop/experiments/claims.yaml); do not edit by hand. -->",
         "",
         "## Claims dashboard",
         "",
         "Each claim of the papers (Huginn; GRAM and its baselines; later work on them) with the paper's figure"
         " and latentloop's, read by code from the committed results file linked in its row"
-        " (`src/latentloop/experiments/claims.py` names the file, the fields and the rule that decides the"
-        " status). Percentages unless a unit is given.",
+        " (`src/latentloop/experiments/claims.yaml` names the file, the fields and the conditions that decide"
+        " the status). Percentages unless a unit is given.",
         "",
         f"{len(results)} claims: {counts[REPRODUCED]} reproduced, {counts[PARTLY]} partly, {counts[NOT]} not,"
         f" {counts[NOT_TRIED]} not tried.",
@@ -153,7 +153,7 @@ def render_dashboard(text: str, base: Path, claims: Sequence[Claim] = CATALOG.cl
             text = f'<a id="{row_anchor(claim.id)}"></a>{claim.text}'
             cells = [text, claim.paper, result.figure, result.scale or "-", result.status]
             lines.append("| " + " | ".join(cell(c) for c in [*cells, "; ".join(where) or "-"]) + " |")
-    lines += ["", "How each status is decided (names are the measures of the claim in `claims.py`):", ""]
+    lines += ["", "How each status is decided (names are the measures of the claim in `claims.yaml`):", ""]
     lines += [f"- {r.claim.id}: {r.claim.rule.text()}" for r in results if r.claim.rule is not None]
     lines += ["", "## Contents", ""]
     grouped: dict[str, list[str]] = {family: [] for family in CATALOG.families}
