@@ -50,6 +50,12 @@ def test_train_then_eval_json(config_file, tmp_path, capsys):
     captured = capsys.readouterr()
     assert json.loads(captured.out)["results"] == report["results"]
     assert "--num-steps is deprecated here and will be removed; use --depths" in captured.err
+    width = ["eval", str(out), "--depths", "2", "--init-scale", "1", "--limit", "4", "--json"]
+    assert main([*width, "--num-samples", "2"]) == 0
+    voted = json.loads(capsys.readouterr().out)["results"]
+    assert main([*width, "--samples", "2"]) == 0  # a language model's trajectories, by their earlier name
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["results"] == voted and "use --num-samples" in captured.err
     assert report["step"] == 4 and (out / "eval_depth.png").is_file()
 
     assert main(["eval", str(out / "checkpoints" / "step_00000004"), "--depths", "1", "--limit", "4"]) == 0
