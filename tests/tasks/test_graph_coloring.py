@@ -208,3 +208,22 @@ def test_draw_marks_edges_whose_ends_share_a_colour() -> None:
     colours = [to_hex(line.get_color()) for line in ax.lines]
     plt.close(fig)
     assert colours.count(to_hex("tab:red")) == 1 and len(colours) == 3  # only edge 1-2 clashes
+
+
+def test_the_nearest_completion_is_the_likeliest_proper_colouring_under_any_naming():
+    """Path 0-1-2, three colours. Vertex 0 leans to colour 0, vertex 1 to colour 0 then 2, vertex 2 to colour 1:
+    the likeliest proper colouring is (0, 2, 1), not the improper (0, 0, 1)."""
+    import torch
+
+    task = get_task("graph-coloring", n=3, colors=3)
+    path = G.Graph.from_edges(3, [(0, 1), (1, 2)])
+    inputs = torch.from_numpy(np.stack([task.encode(path)] * 2).astype(np.int64))
+    logits = torch.zeros(2, task.seq_len, task.vocab_size)
+    leanings = [[5.0, 0.0, 0.0], [4.0, 0.0, 2.0], [0.0, 5.0, 0.0]]
+    logits[0, task.edges_len :, 4:7] = torch.tensor(leanings)
+    logits[1, task.edges_len :, 4:7] = torch.tensor(leanings)[:, [2, 0, 1]]  # the same leanings, renamed
+    nearest = task.nearest_completion(inputs, logits)
+    assert task.decode_answer(nearest[0].numpy()) == (0, 2, 1)
+    assert task.decode_answer(nearest[1].numpy()) == (1, 0, 2)  # colour c renamed to [1, 2, 0][c]
+    assert (nearest[:, : task.edges_len] == 0).all() and task.verify(path, (1, 0, 2))
+    assert task.lists_completions and not get_task("graph-coloring", n=6, colors=6).lists_completions

@@ -23,6 +23,7 @@ adjacency and unknown colours; labels hold 0 over the adjacency and the colours.
 from __future__ import annotations
 
 import functools
+import itertools
 import re
 import sys
 import zlib
@@ -32,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from latentloop.errors import UsageError
 from latentloop.tasks.base import ExactSolution, Task
@@ -39,6 +41,8 @@ from latentloop.tasks.base import ExactSolution, Task
 PAD, NO_EDGE, EDGE, UNKNOWN, COLOR0 = 0, 1, 2, 3, 4
 # The most colours a learned model's vocabulary holds (token 4 + c for colour c); the exact solver has no cap.
 MODEL_COLORS = 10
+# The most colours whose every naming (K! of them) nearest_completion tries
+NAMED_COLORS = 5
 
 
 @dataclass(frozen=True)
@@ -409,6 +413,33 @@ class GraphColoringTask(Task):
         """The colouring in the vertex slots of ``tokens`` (-1 where a slot holds no colour token)."""
         slots = np.asarray(tokens)[self.edges_len :].astype(int) - COLOR0
         return tuple(int(c) if 0 <= c < self.colors else -1 for c in slots)
+
+    @property
+    def lists_completions(self) -> bool:  # type: ignore[override]
+        """Every proper colouring under every naming of its colours can be listed, up to ``NAMED_COLORS``."""
+        return self.colors <= NAMED_COLORS
+
+    def nearest_completion(self, inputs: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        """Each graph's proper colouring, under any naming of its colours, with the highest log-probability under
+        ``logits`` (the sum over its vertices), as answer tokens ``[B, L]``: pad over the adjacency, then the
+        colours."""
+        if not self.lists_completions:
+            raise UsageError(
+                f"nearest completions name the colours every way: at most {NAMED_COLORS} colours"
+            )
+        log_probs = torch.log_softmax(logits.float(), -1)[:, self.edges_len :, COLOR0 : COLOR0 + self.colors]
+        namings = torch.tensor(list(itertools.permutations(range(self.colors))), device=logits.device)
+        nearest = torch.full((len(inputs), self.seq_len), PAD, dtype=torch.long, device=inputs.device)
+        vertices = torch.arange(self.n, device=logits.device)
+        for row, tokens in enumerate(inputs.cpu().numpy()):
+            graph = Graph.from_upper_triangle(tokens[: self.edges_len] == EDGE, self.n)
+            canonical = torch.from_numpy(all_colorings_small(graph, self.colors).astype(np.int64)).to(
+                logits.device
+            )
+            candidates = namings[:, canonical].reshape(-1, self.n)  # [namings * colourings, n]
+            best = candidates[log_probs[row][vertices, candidates].sum(-1).argmax()]
+            nearest[row, self.edges_len :] = COLOR0 + best.to(nearest.device)
+        return nearest
 
     def answer_key(self, answer: tuple[int, ...]) -> Hashable:
         """The canonical colouring: colourings that differ only by a renaming of colours share it. A colouring
