@@ -860,3 +860,24 @@ def test_a_shortened_schedule_trains_that_share_of_every_models_steps_and_says_s
         "fixed schedules at 50% of the experiment's, the same on any machine: gram 2 steps"
         in (out / "report.md").read_text()
     )
+
+
+def test_an_experiment_sets_only_the_eval_settings_its_kind_reads(tmp_path):
+    from latentloop.experiments.spec import KIND_EVAL
+
+    path = write_experiment(tmp_path)
+    assert "depths" not in KIND_EVAL["reasoners"] and "samples" not in KIND_EVAL["lm"]
+    with pytest.raises(
+        UsageError, match=r"eval\.depths is not a setting of kind reasoners \(it reads samples"
+    ):
+        load_experiment(str(path), ["eval.depths=[1,2]"])
+    path = write_experiment(tmp_path, eval={"samples": 3, "tiers": {}})
+    with pytest.raises(UsageError, match=r"eval\.tiers is not a setting of kind reasoners"):
+        load_experiment(str(path))
+    path = write_experiment(
+        tmp_path, models={"gram": {"config": "gram.yaml", "overrides": ["eval.width={}"]}}
+    )
+    with pytest.raises(UsageError, match=r"eval\.width is not a setting of kind reasoners"):
+        load_experiment(str(path))
+    lm = write_experiment(tmp_path, kind="lm", eval={"depths": [1, 2]})
+    assert load_experiment(str(lm)).eval.depths == [1, 2]

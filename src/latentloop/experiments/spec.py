@@ -5,6 +5,7 @@ See :mod:`latentloop.experiments` for the file format.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -44,8 +45,9 @@ class ModelSpec:
 
 @dataclass
 class EvalSpec:
-    """How every model of an experiment is evaluated. Each kind reads the options its class lists
-    (:mod:`latentloop.experiments.kinds`); the file format keeps them all in one flat ``eval:`` mapping."""
+    """How every model of an experiment is evaluated. Each kind reads its own settings (:data:`KIND_EVAL` names
+    them, and an experiment of that kind may set no others); the file format keeps them in one flat ``eval:``
+    mapping."""
 
     # Puzzle reasoners (kinds reasoners, time-to-accuracy; generation: samples and temperature)
     samples: int = 20
@@ -228,6 +230,43 @@ def _whole_number(value: Any, name: str) -> int:
     return value
 
 
+# The `eval:` settings each kind of experiment reads: its file and its overrides may set these and no others (a
+# kind registered later may set any of EvalSpec's).
+_PUZZLE_EVAL = (
+    "samples",
+    "steps",
+    "limit",
+    "select",
+    "seed",
+    "temperature",
+    "fit_value",
+    "split",
+    *GRID_FIELDS,
+)
+KIND_EVAL: dict[str, tuple[str, ...]] = {
+    "reasoners": _PUZZLE_EVAL,
+    "time-to-accuracy": (*_PUZZLE_EVAL, "every"),
+    "lm": ("limit", "depths", "tiers", "width"),
+    "generation": ("samples", "steps", "seed", "temperature"),
+}
+
+
+def _check_eval_keys(kind: str, raw_eval: dict[str, Any], overrides: Sequence[str], path: Path) -> None:
+    """One-line errors for ``eval:`` settings (in the file or in ``eval.`` overrides) that ``kind`` does not
+    read."""
+    settings = [field.name for field in dataclasses.fields(EvalSpec)]
+    unknown = set(raw_eval) - set(settings)
+    if unknown:
+        raise UsageError(f"{path}: unknown eval keys {', '.join(sorted(unknown))}")
+    allowed = KIND_EVAL.get(kind, tuple(settings))
+    given = [*raw_eval, *(item.split("=", 1)[0].strip() for item in overrides)]
+    foreign = sorted({key for key in given if key in settings and key not in allowed})
+    if foreign:  # an unknown key in an override is apply_overrides' to name
+        raise UsageError(
+            f"{path}: eval.{foreign[0]} is not a setting of kind {kind} (it reads {', '.join(allowed)})"
+        )
+
+
 def _check_evaluation(evaluation: EvalSpec, path: Path) -> None:
     """One-line errors for an evaluation out of range; fills in ``eval.width``'s defaults."""
     for key in ("samples", "steps"):
@@ -286,24 +325,11 @@ def load_experiment(name_or_path: str, overrides: Sequence[str] = ()) -> Experim
             reference = positive_number(reference, f"{path}: models.{model}.reference_minutes")
         specs.append(ModelSpec(str(model), config, [*own, *run_overrides], reference, own_eval))
     raw_eval = data.get("eval") or {}
-    known = {
-        "samples",
-        "steps",
-        "limit",
-        "select",
-        "seed",
-        "temperature",
-        "depths",
-        "fit_value",
-        "every",
-        "split",
-        "tiers",
-        "width",
-        *GRID_FIELDS,
-    }
-    unknown = set(raw_eval) - known
-    if unknown:
-        raise UsageError(f"{path}: unknown eval keys {', '.join(sorted(unknown))}")
+    kind = str(data.get("kind", DEFAULT_KIND))
+    if kind not in KINDS:
+        raise UsageError(f"{path}: kind must be one of {', '.join(KINDS)}, not {kind!r}")
+    own_evals = [item for spec in specs for item in spec.eval_overrides]
+    _check_eval_keys(kind, raw_eval, [*eval_overrides, *own_evals], path)
     _check_every(raw_eval.get("every", 1), path)  # the file's own value, before overrides coerce it
     _check_tiers(raw_eval.get("tiers", {}), path)
     try:
@@ -311,9 +337,6 @@ def load_experiment(name_or_path: str, overrides: Sequence[str] = ()) -> Experim
     except UsageError as error:
         raise UsageError(f"eval override: {error}") from None
     _check_evaluation(evaluation, path)
-    kind = str(data.get("kind", DEFAULT_KIND))
-    if kind not in KINDS:
-        raise UsageError(f"{path}: kind must be one of {', '.join(KINDS)}, not {kind!r}")
     targets = _parse_targets(data.get("targets"), path)
     expected = data.get("expected_minutes")
     jobs = _whole_number(data.get("jobs", 1), f"{path}: jobs")
