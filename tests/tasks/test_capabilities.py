@@ -126,7 +126,7 @@ def test_the_declared_capabilities_of_each_task() -> None:
         "text": set(),
         "sudoku": {"has_blank"},
         "nqueens": {"multi_solution", "lists_completions"},
-        "graph-coloring": {"multi_solution", "reports_conflicts"},
+        "graph-coloring": {"lists_completions", "multi_solution", "reports_conflicts"},
         "arc-agi-1": {"puzzle_embeddings"},
         "arc-agi-2": {"puzzle_embeddings"},
         "digits": {"has_blank", "image_answers"},
