@@ -17,6 +17,12 @@ from latentloop.io import atomic_write_text
 T = TypeVar("T")
 
 
+def option(default: Any, help: str, *short: str) -> Any:
+    """A dataclass field that a command line offers as ``--field-name`` (and ``short`` flags), with its help
+    text (:func:`latentloop.cli.options.options_of`)."""
+    return dataclasses.field(default=default, metadata={"help": help, "short": short})
+
+
 def _field_types(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 

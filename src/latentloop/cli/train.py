@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +13,7 @@ import typer
 
 from latentloop.cli.app import REVISION, TEMPERATURE, app, data_app, deprecated, int_list  # noqa: F401
 from latentloop.cli.options import options_of, with_options
-from latentloop.config import check_repeated_keys
+from latentloop.config import check_repeated_keys, option
 from latentloop.errors import UsageError
 
 
@@ -164,7 +164,7 @@ _GRIDS = ("steps_grid", "samples_grid", "width_depths")
 
 
 def _puzzle(default: Any, help: str) -> Any:
-    return field(default=default, metadata={"help": f"Puzzle models: {help}"})
+    return option(default, f"Puzzle models: {help}")
 
 
 @dataclass

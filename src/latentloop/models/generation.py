@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from latentloop.config import option
 from latentloop.errors import UsageError
 from latentloop.models.decoding import GenerationOutput, decoding_strategy
 from latentloop.models.exit_criteria import EXIT_CRITERIA, ExitCriterion, register_exit_criterion
@@ -52,11 +53,6 @@ _SEQUENTIAL_ONLY = (
     "return_logits",
     "screen_head",
 )
-
-
-def _cli(default: Any, help: str, *short: str) -> Any:
-    """A field that `latentloop generate` offers as an option, with its help text (and short flags)."""
-    return dataclasses.field(default=default, metadata={"help": help, "short": short})
 
 
 @dataclass(frozen=True)
@@ -94,47 +90,47 @@ class GenerationConfig:
     """
 
     # The fields with a help text are the options of `latentloop generate` (latentloop.cli.options).
-    max_new_tokens: int = _cli(32, "Tokens to generate at most.", "-n")
-    num_steps: int | None = _cli(None, "Core iterations per token (default: the model's mean).", "-r")
-    init_scale: float = _cli(1.0, "Scale of the random initial state (0 = zeros).")
+    max_new_tokens: int = option(32, "Tokens to generate at most.", "-n")
+    num_steps: int | None = option(None, "Core iterations per token (default: the model's mean).", "-r")
+    init_scale: float = option(1.0, "Scale of the random initial state (0 = zeros).")
     do_sample: bool = False
     temperature: float = 1.0
-    top_k: int | None = _cli(None, "Sample only among the k most likely tokens.")
-    top_p: float | None = _cli(None, "Sample only within this probability mass.")
+    top_k: int | None = option(None, "Sample only among the k most likely tokens.")
+    top_p: float | None = option(None, "Sample only within this probability mass.")
     stop_tokens: tuple[int, ...] | None = None
     pad_token_id: int = 0
-    kv_share: int | None = _cli(None, "Core KV-cache slots (iteration i uses slot i mod k).")
-    exit: str | ExitCriterion | None = _cli(  # noqa: RUF009 - a field, not a shared default
+    kv_share: int | None = option(None, "Core KV-cache slots (iteration i uses slot i mod k).")
+    exit: str | ExitCriterion | None = option(  # noqa: RUF009 - a field, not a shared default
         None,
         "Per-token early exit, e.g. kl:5e-4, entropy-diff:1e-3, latent-diff:0.03, cosine; Ouro: gate:0.9 "
         "(skips the steps after the exit) or gate-full:0.9 (computes them, as the official code, after the "
         "token is chosen).",
     )
-    continuous: bool = _cli(False, "Warm-start each token from the previous state.")
+    continuous: bool = option(False, "Warm-start each token from the previous state.")
     use_cache: bool = True
-    compile: bool = _cli(
+    compile: bool = option(
         False,
         "Run each token's prelude, core iterations and coda as torch.compile graphs: faster decoding after a "
         "compilation of some seconds (counted in --json's tokens/s).",
     )
-    prepack: bool = _cli(
+    prepack: bool = option(
         False,
         "Decode through a copy of the model with its linear weights repacked for oneDNN's CPU kernels: faster "
         "eager decoding, at a second copy of those weights.",
     )
-    screen_head: bool = _cli(
+    screen_head: bool = option(
         False,
         "Greedy only: choose each token from an fp16 copy of the output layer, computing in fp32 only the "
         "logits that can be the largest. The same tokens, reading half the bytes of the largest weight.",
     )
     return_trajectory: bool = False
     return_logits: bool = False
-    speculative: int | None = _cli(None, "Draft with this many iterations, verify at full depth.")
-    draft_tokens: int = _cli(4, "Tokens drafted per speculative round.")
-    sampler: str | ParallelSampler = _cli(  # noqa: RUF009 - a field, not a shared default
+    speculative: int | None = option(None, "Draft with this many iterations, verify at full depth.")
+    draft_tokens: int = option(4, "Tokens drafted per speculative round.")
+    sampler: str | ParallelSampler = option(  # noqa: RUF009 - a field, not a shared default
         "sequential", "sequential, or parallel: a wavefront of positions decoded at once (diffusion-style)."
     )
-    num_samples: int = _cli(
+    num_samples: int = option(
         1,
         "Latent trajectories of the prompt (each from its own random initial state); the answer most agree on.",
     )

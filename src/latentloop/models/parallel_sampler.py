@@ -30,11 +30,12 @@ limit at which the official code equals normal generation); tests check it.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
+from latentloop.config import option
 from latentloop.errors import UsageError
 from latentloop.models.kv_cache import RecurrentKVCache
 
@@ -47,20 +48,15 @@ class ParallelSampler:
     """The parallel sampler's knobs (see the module docstring)."""
 
     # The help texts make them options of `latentloop generate` (latentloop.cli.options).
-    wavefront: int = field(default=32, metadata={"help": "Parallel sampler: positions in flight at most."})
-    inner_steps: int = field(default=4, metadata={"help": "Parallel sampler: core iterations per sweep."})
-    freeze: str = field(
-        default="latent-diff:0.03",
-        metadata={
-            "help": "Parallel sampler: when a position is final, latent-diff:t (relative change below t) or "
-            "steps (after --num-steps iterations, always the cap)."
-        },
+    wavefront: int = option(32, "Parallel sampler: positions in flight at most.")
+    inner_steps: int = option(4, "Parallel sampler: core iterations per sweep.")
+    freeze: str = option(
+        "latent-diff:0.03",
+        "Parallel sampler: when a position is final, latent-diff:t (relative change below t) or steps (after "
+        "--num-steps iterations, always the cap).",
     )
-    state_noise: float = field(
-        default=0.0,
-        metadata={
-            "help": "Parallel sampler: noise mixed into in-flight states, damped by 1 / (1 + iterations)."
-        },
+    state_noise: float = option(
+        0.0, "Parallel sampler: noise mixed into in-flight states, damped by 1 / (1 + iterations)."
     )
 
     def __post_init__(self) -> None:
