@@ -10,22 +10,20 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import typing
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 import typer
 
 
-def options_of(
-    cls: type, types: dict[str, Any] | None = None, skip: Iterable[str] = ()
-) -> list[inspect.Parameter]:
+def options_of(cls: type, types: dict[str, Any] | None = None) -> list[inspect.Parameter]:
     """The options of ``cls``'s fields that have a help text; ``types`` replaces a field's type where the
-    command line takes another (``str`` for a field that also takes objects), ``skip`` leaves fields out."""
+    command line takes another (``str`` for a field that also takes objects)."""
     hints = typing.get_type_hints(cls)
     types = types or {}
     options = []
     for field in dataclasses.fields(cls):
-        if field.name in skip or "help" not in field.metadata:
+        if "help" not in field.metadata:
             continue
         flags = ["--" + field.name.replace("_", "-"), *field.metadata.get("short", ())]
         default = typer.Option(
