@@ -6,7 +6,7 @@ import sys
 
 import typer
 
-from latentloop.cli import bench, convert, generate, harness, run, sample, tasks, train  # noqa: F401  (each module registers its commands)
+from latentloop.cli import bench, convert, generate, harness, run, sample, serve, tasks, train  # noqa: F401  (each module registers its commands)
 from latentloop.cli.app import app
 from latentloop.errors import UsageError
 

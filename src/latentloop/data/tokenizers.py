@@ -41,6 +41,10 @@ class Tokenizer(ABC):
     def decode(self, ids: list[int]) -> str:
         """Text of ``ids``; special tokens are dropped."""
 
+    def token_text(self, token_id: int) -> str:
+        """One token's text, a special token's spelling where it decodes to nothing (``<eos>``)."""
+        return self.decode([token_id]) or f"<{token_id}>"
+
 
 class ByteTokenizer(Tokenizer):
     """UTF-8 bytes as ids 0-255, then ``<pad>`` 256, ``<bos>`` 257, ``<eos>`` 258 (see the module docstring)."""
@@ -59,6 +63,10 @@ class ByteTokenizer(Tokenizer):
     def decode(self, ids: list[int]) -> str:
         """Bytes back to text (invalid UTF-8 sequences become U+FFFD); ids >= 256 are dropped."""
         return bytes(int(i) for i in ids if 0 <= int(i) < 256).decode("utf-8", errors="replace")
+
+    def token_text(self, token_id: int) -> str:
+        special = {self.PAD: "<pad>", self.BOS: "<bos>", self.EOS: "<eos>"}
+        return special.get(token_id) or super().token_text(token_id)
 
 
 # Common spellings of special tokens in published tokenizer.json files, most specific first.
@@ -111,6 +119,9 @@ class HFTokenizer(Tokenizer):
     def decode(self, ids: list[int]) -> str:
         """Text of ``ids`` with special tokens skipped."""
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=True)
+
+    def token_text(self, token_id: int) -> str:
+        return self.decode([token_id]) or self._tok.id_to_token(int(token_id)) or f"<{token_id}>"
 
 
 def load_tokenizer(spec: str | Path | None = None, eos_token: str | None = None) -> Tokenizer:

@@ -117,7 +117,7 @@ def decoding_strategy(config: GenerationConfig) -> DecodingStrategy:
     return SequentialDecoding(config)
 
 
-class _Sequences:
+class Sequences:
     """The growing sequences, their mask and the KV cache during one call."""
 
     def __init__(
@@ -213,7 +213,7 @@ class SequentialDecoding(DecodingStrategy):
         if config.compile:
             # Few distinct sizes, so few compilations; attention over the unwritten tail is masked.
             capacity = min(model.config.block_size, max(64, 1 << (capacity - 1).bit_length()))
-        seq = _Sequences(model, input_ids, attention_mask, depth, config, capacity)
+        seq = Sequences(model, input_ids, attention_mask, depth, config, capacity)
         pieces = _CompiledPieces(seq, screen) if config.compile else _EagerPieces(model, screen)
         criterion = config.criterion()
         if criterion is not None:
@@ -262,7 +262,7 @@ class SequentialDecoding(DecodingStrategy):
             out.logits = torch.stack(chosen_from, dim=1)
         return out
 
-    def _defers(self, model: LoopedLM, criterion: ExitCriterion | None, seq: _Sequences) -> bool:
+    def _defers(self, model: LoopedLM, criterion: ExitCriterion | None, seq: Sequences) -> bool:
         """Whether the iterations after a token's exit can wait for the next tokens' passes: a criterion that
         computes every step, eager decoding with one cache slot per iteration, and a loop whose iterations read
         nothing but their own state (no injected input, no coda writing the cache after the exit)."""
@@ -278,7 +278,7 @@ class SequentialDecoding(DecodingStrategy):
 
     def _next_token_deferred(
         self,
-        seq: _Sequences,
+        seq: Sequences,
         pieces: _EagerPieces,
         token: torch.Tensor,
         criterion: ExitCriterion,
@@ -314,7 +314,7 @@ class SequentialDecoding(DecodingStrategy):
 
     def _next_token(
         self,
-        seq: _Sequences,
+        seq: Sequences,
         pieces: _EagerPieces | _CompiledPieces,
         token: torch.Tensor,
         criterion: ExitCriterion | None,
@@ -463,7 +463,7 @@ class _EagerPieces(_Pieces):
 class _CompiledPieces(_Pieces):
     """The pieces of a new token as compiled graphs over fixed-size views of the cache."""
 
-    def __init__(self, seq: _Sequences, screen: ScreenedArgmax | None = None) -> None:
+    def __init__(self, seq: Sequences, screen: ScreenedArgmax | None = None) -> None:
         self.model, self.cache, self.device, self.screen = seq.model, seq.cache, seq.device, screen
         self.graphs = _compiled_steps()
         self.position = torch.zeros(1, dtype=torch.long, device=self.device)  # where a compiled step writes
@@ -566,7 +566,7 @@ class SpeculativeDecoding(DecodingStrategy):
     ) -> GenerationOutput:
         config = self.config
         max_new_tokens, init_scale = config.max_new_tokens, config.init_scale
-        seq = _Sequences(model, input_ids, attention_mask, depth, config, self.capacity(input_ids))
+        seq = Sequences(model, input_ids, attention_mask, depth, config, self.capacity(input_ids))
         cache = seq.cache
         stops = set(config.stop_tokens or [])
         logits, _ = seq.full_forward()

@@ -264,7 +264,7 @@ def generate(
         raise UsageError(
             f"attention_mask shape {tuple(attention_mask.shape)} differs from input {tuple(input_ids.shape)}"
         )
-    _check_loop(model, config)
+    check_loop(model, config)
     if config.num_samples > 1:
         return _vote(model, input_ids, config, attention_mask, generator)
     depth = config.depth(model)
@@ -296,7 +296,7 @@ def generate(
     return _plain(out)
 
 
-def _check_loop(model: LoopedLM, config: GenerationConfig) -> None:
+def check_loop(model: LoopedLM, config: GenerationConfig) -> None:
     """Refuses settings whose assumptions the model's loop (``model.loop``) breaks."""
     loop = model.loop
     if not loop.input_injection and (config.continuous or config.parallel is not None):
