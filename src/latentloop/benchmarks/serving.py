@@ -1,0 +1,309 @@
+"""Serving: `latentloop serve`'s tokens/s with concurrent clients against one client at a time and against
+`generate` in-process, and, on a trained arithmetic run, what a per-token exit saves when served.
+
+    .venv/bin/python benchmarks/serving.py --random huginn --clients 8 --max-tokens 64
+    .venv/bin/python benchmarks/serving.py --model runs/lm-arithmetic --exit kl:5e-4 --depth 32 --problems 200
+
+The server runs as its own process (`latentloop serve`, `--threads` torch threads) on a loopback port; the
+clients are threads of this process. Every request is greedy, from a zero initial state. Throughput: each repeat
+runs, one after the other, `--requests` requests through `generate` one at a time in this process (the server
+idle), the same requests through the server one client at a time, and the same requests from `--clients`
+concurrent clients; tokens/s is completion tokens over wall time, and each ratio is the median of the
+per-repeat ratios. With `--exit` on an arithmetic run, the task's held-out problems are served at fixed depth
+and with the exit criterion, from `--clients` concurrent clients: accuracy (the task's verifier), mean depth per
+token (the server's `usage.mean_depth`) and the share of core iterations saved. Prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import platform
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+from latentloop.errors import ArgumentParser, UsageError
+from latentloop.io import atomic_write_text
+from latentloop.models.generation import generate
+from latentloop.models.looped_lms import load_looped_lm
+
+# Random models in each family's official layout at head dimension 64, about 50M parameters and more.
+RANDOM_SHAPES = {
+    "huginn": dict(
+        n_embd=512,
+        n_heads=8,
+        n_layers_in_prelude=2,
+        n_layers_in_recurrent_block=4,
+        n_layers_in_coda=2,
+        intermediate_size=2048,
+        vocab_size=32768,
+        block_size=1024,
+        mean_recurrence=4,
+    ),
+    "ouro": dict(
+        hidden_size=512,
+        intermediate_size=2048,
+        num_hidden_layers=6,
+        num_attention_heads=8,
+        num_key_value_heads=8,
+        vocab_size=32768,
+        max_position_embeddings=1024,
+        total_ut_steps=4,
+    ),
+}
+
+
+def random_model(family: str, folder: Path) -> int:
+    """Writes a random model of ``family`` to ``folder``; returns its parameter count."""
+    torch.manual_seed(0)
+    if family == "huginn":
+        from latentloop.models.recurrent_depth import RecurrentDepthConfig, RecurrentDepthLM
+
+        model = RecurrentDepthLM(RecurrentDepthConfig(**RANDOM_SHAPES["huginn"]))
+    else:
+        from latentloop.models.ouro import OuroConfig, OuroLM
+
+        model = OuroLM(OuroConfig(**RANDOM_SHAPES["ouro"]))
+    model.save_pretrained(folder)
+    return sum(p.numel() for p in model.parameters())
+
+
+class Server:
+    """``latentloop serve FOLDER`` in a child process, on a free loopback port."""
+
+    def __init__(self, folder: Path, threads: int, max_batch: int) -> None:
+        import httpx
+
+        self.client = httpx.Client(timeout=None)
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        command = [sys.executable, "-m", "latentloop", "serve", str(folder), "--port", str(self.port)]
+        command += ["--init-scale", "0", "--threads", str(threads), "--max-batch", str(max_batch)]
+        command += ["--served-model-name", "bench"]
+        self.process = subprocess.Popen(command, stderr=subprocess.DEVNULL)
+        self.url = f"http://127.0.0.1:{self.port}"
+        while True:
+            if self.process.poll() is not None:
+                raise UsageError(f"latentloop serve {folder} exited with status {self.process.returncode}")
+            try:
+                if self.client.get(f"{self.url}/health").status_code == 200:
+                    return
+            except httpx.TransportError:
+                time.sleep(0.2)
+
+    def complete(self, body: dict) -> dict:
+        reply = self.client.post(f"{self.url}/v1/completions", json={"model": "bench", **body})
+        reply.raise_for_status()
+        return reply.json()
+
+    def close(self) -> None:
+        self.client.close()
+        self.process.send_signal(signal.SIGTERM)
+        self.process.wait()
+
+
+def concurrently(server: Server, bodies: list[dict], clients: int) -> tuple[list[dict], float]:
+    """The replies to ``bodies`` from ``clients`` concurrent clients, and the wall time."""
+    started = time.perf_counter()
+    with ThreadPoolExecutor(clients) as pool:
+        replies = list(pool.map(server.complete, bodies))
+    return replies, time.perf_counter() - started
+
+
+def throughput(args, folder: Path) -> dict:
+    model = load_looped_lm(folder)
+    generator = torch.Generator().manual_seed(0)
+    prompts = [
+        torch.randint(
+            1, 256, (int(torch.randint(8, 64, (1,), generator=generator)),), generator=generator
+        ).tolist()
+        for _ in range(args.requests)
+    ]
+    common = {"max_tokens": args.max_tokens, "temperature": 0, "ignore_eos": True, "num_steps": args.depth}
+    bodies = [{"prompt": prompt, **common} for prompt in prompts]
+    server = Server(folder, args.threads, args.max_batch)
+    rounds = []
+    try:
+        # One untimed request each way first: the first call of a process pays for allocations and warm-up.
+        generate(model, torch.tensor([prompts[0]]), max_new_tokens=2, num_steps=args.depth, init_scale=0.0)
+        concurrently(server, [{**bodies[0], "max_tokens": 2}], 1)
+        for _ in range(args.repeats):
+            started = time.perf_counter()
+            alone = []
+            for prompt in prompts:
+                out = generate(
+                    model,
+                    torch.tensor([prompt]),
+                    max_new_tokens=args.max_tokens,
+                    num_steps=args.depth,
+                    init_scale=0.0,
+                )
+                alone.append(out.sequences[0, len(prompt) :].tolist())
+            generate_seconds = time.perf_counter() - started
+            one, one_seconds = concurrently(server, bodies, 1)
+            many, many_seconds = concurrently(server, bodies, args.clients)
+            tokens = args.requests * args.max_tokens
+            assert all(r["usage"]["completion_tokens"] == args.max_tokens for r in one + many)
+            rounds.append(
+                {
+                    "generate_tokens_per_second": tokens / generate_seconds,
+                    "one_client_tokens_per_second": tokens / one_seconds,
+                    "concurrent_tokens_per_second": tokens / many_seconds,
+                }
+            )
+    finally:
+        server.close()
+    median = {key: statistics.median(r[key] for r in rounds) for key in rounds[0]}
+    return {
+        "requests": args.requests,
+        "max_tokens": args.max_tokens,
+        "depth": args.depth,
+        "clients": args.clients,
+        "median": {key: round(value, 2) for key, value in median.items()},
+        "concurrent_over_one_client": round(
+            statistics.median(
+                r["concurrent_tokens_per_second"] / r["one_client_tokens_per_second"] for r in rounds
+            ),
+            3,
+        ),
+        "concurrent_over_generate": round(
+            statistics.median(
+                r["concurrent_tokens_per_second"] / r["generate_tokens_per_second"] for r in rounds
+            ),
+            3,
+        ),
+        "rounds": rounds,
+    }
+
+
+def adaptive_exit(args, folder: Path) -> dict:
+    from latentloop.tasks.base import get_task
+    from latentloop.train.checkpoint import run_folder_of
+    from latentloop.train.run_config import load_run_config
+
+    run = run_folder_of(folder)
+    if run is None:
+        raise UsageError(f"{folder} is not inside a run folder, so its task is unknown")
+    config = load_run_config(run / "config.yaml", [])
+    task = get_task(config.task.name, **config.task.options)
+    problems = task.test_problems()[: args.problems]
+    server = Server(folder, args.threads, args.max_batch)
+    report = {}
+    try:
+        for name, extra in (("fixed", {}), ("exit", {"exit": args.exit})):
+            bodies = [
+                {
+                    "prompt": task.encode(problem),
+                    "max_tokens": len(task.answer(problem)) + 1,
+                    "temperature": 0,
+                    "num_steps": args.depth,
+                    **extra,
+                }
+                for problem in problems
+            ]
+            replies, seconds = concurrently(server, bodies, args.clients)
+            answers = [reply["choices"][0]["text"] for reply in replies]
+            tokens = sum(r["usage"]["completion_tokens"] for r in replies)
+            depth = sum(r["usage"]["mean_depth"] * r["usage"]["completion_tokens"] for r in replies) / tokens
+            report[name] = {
+                "accuracy": sum(task.verify(p, a) for p, a in zip(problems, answers, strict=True))
+                / len(problems),
+                "mean_depth": round(depth, 3),
+                "tokens_per_second": round(tokens / seconds, 2),
+                "answers": answers,
+            }
+    finally:
+        server.close()
+    agree = sum(
+        a == b for a, b in zip(report["fixed"].pop("answers"), report["exit"].pop("answers"), strict=True)
+    )
+    return {
+        "task": {"name": config.task.name, **config.task.options},
+        "problems": len(problems),
+        "depth": args.depth,
+        "exit": args.exit,
+        "clients": args.clients,
+        **report,
+        "core_iterations_saved": round(1 - report["exit"]["mean_depth"] / report["fixed"]["mean_depth"], 4),
+        "answers_agreeing": agree / len(problems),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = ArgumentParser(description=__doc__.splitlines()[0])
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--model", type=Path, help="checkpoint or run folder to serve")
+    source.add_argument(
+        "--random", choices=sorted(RANDOM_SHAPES), help="a random model of this family's layout"
+    )
+    parser.add_argument("--clients", type=int, default=8, help="concurrent clients")
+    parser.add_argument("--requests", type=int, default=16, help="requests per round (throughput)")
+    parser.add_argument("--max-tokens", type=int, default=64, help="new tokens per request (throughput)")
+    parser.add_argument(
+        "--depth", type=int, default=None, help="core iterations per token (default: the model's)"
+    )
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds (throughput)")
+    parser.add_argument(
+        "--exit", default=None, help="an exit criterion: serve a trained arithmetic run's problems"
+    )
+    parser.add_argument("--problems", type=int, default=200, help="held-out problems (--exit)")
+    parser.add_argument("--max-batch", type=int, default=16, help="the server's --max-batch")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads of the server and of generate")
+    parser.add_argument("--output", type=Path, help="also write the JSON here")
+    args = parser.parse_args(argv)
+    for name in ("clients", "requests", "max_tokens", "problems", "max_batch"):
+        if getattr(args, name) < 1:
+            parser.error(
+                f"argument --{name.replace('_', '-')}: must be at least 1, got {getattr(args, name)}"
+            )
+    if args.depth is not None and args.depth < 1:
+        parser.error(f"argument --depth: must be at least 1, got {args.depth}")
+    missing = [name for name in ("fastapi", "uvicorn", "httpx") if importlib.util.find_spec(name) is None]
+    if missing:
+        print(
+            f"error: benchmarks/serving.py needs {missing[0]}: pip install 'latentloop[serve]'",
+            file=sys.stderr,
+        )
+        return 2
+    torch.set_num_threads(args.threads)
+    try:
+        with tempfile.TemporaryDirectory() as scratch:
+            header = {"machine": platform.processor() or platform.machine(), "threads": args.threads}
+            if args.random:
+                folder = Path(scratch) / args.random
+                header |= {"model": f"random {args.random}", "parameters": random_model(args.random, folder)}
+            else:
+                from latentloop.train.checkpoint import resolve_checkpoint
+
+                folder = resolve_checkpoint(args.model)
+                header["model"] = str(args.model)
+            if args.exit is not None:
+                if args.depth is None:
+                    raise UsageError("--exit needs --depth (the fixed depth it is compared with)")
+                report = header | adaptive_exit(args, folder)
+            else:
+                report = header | throughput(args, folder)
+    except UsageError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.output is not None:
+        atomic_write_text(args.output, text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    sys.exit(main())
