@@ -9,9 +9,8 @@ import os
 import signal
 import subprocess
 import sys
-import time
-
 import threading
+import time
 
 import pytest
 import torch
