@@ -36,6 +36,12 @@ def serve(
     kv_share: int = typer.Option(
         None, "--kv-share", help="Core KV-cache slots (iteration i uses slot i mod k)."
     ),
+    num_steps: int = typer.Option(
+        None, "--num-steps", "-r", help="Default core iterations per token (default: the model's mean)."
+    ),
+    exit_criterion: str = typer.Option(
+        None, "--exit", help="Default per-token exit, e.g. kl:5e-4 (a request's `exit` overrides it)."
+    ),
     init_scale: float = typer.Option(
         1.0, "--init-scale", help="Default scale of the random initial state (0 = zeros: deterministic)."
     ),
@@ -62,6 +68,8 @@ def serve(
         raise UsageError(f"--kv-share must be at least 1, got {kv_share}")
     if init_scale < 0:
         raise UsageError(f"--init-scale must be >= 0, got {init_scale}")
+    if num_steps is not None and num_steps < 1:
+        raise UsageError(f"--num-steps must be at least 1, got {num_steps}")
     if threads is not None:
         if threads < 1:
             raise UsageError(f"--threads must be at least 1, got {threads}")
@@ -75,6 +83,8 @@ def serve(
         max_batch=max_batch,
         kv_share=kv_share,
         init_scale=init_scale,
+        num_steps=num_steps,
+        exit=exit_criterion,
     )
     typer.echo(f"serving {served.name} on http://{host}:{port}/v1 (max batch {max_batch})", err=True)
     uvicorn.run(create_app(served), host=host, port=port, log_level="warning", timeout_graceful_shutdown=60)

@@ -9,6 +9,7 @@ from pathlib import Path
 from latentloop.data.tokenizers import load_tokenizer
 from latentloop.errors import UsageError
 from latentloop.hub import resolve_model
+from latentloop.models.generation import GenerationConfig
 from latentloop.models.looped_lms import load_looped_lm
 from latentloop.serve.engine import Engine
 from latentloop.serve.openai_api import Served
@@ -45,8 +46,12 @@ def load_served(
     max_batch: int = 16,
     kv_share: int | None = None,
     init_scale: float = 1.0,
+    num_steps: int | None = None,
+    exit: str | None = None,
 ) -> Served:
-    """The model at ``model`` (a checkpoint folder, a run folder or a Hub id) ready to serve."""
+    """The model at ``model`` (a checkpoint folder, a run folder or a Hub id) ready to serve, with the
+    deployment's defaults for what a request leaves out (``init_scale``, ``num_steps``, ``exit``)."""
+    GenerationConfig(num_steps=num_steps, init_scale=init_scale, exit=exit)  # refuses bad values before loading
     folder = resolve_checkpoint(resolve_model(model, revision))
     lm = load_looped_lm(folder)
     spec = tokenizer or (folder / "tokenizer.json" if (folder / "tokenizer.json").is_file() else None)
@@ -56,4 +61,6 @@ def load_served(
         name or model,
         chat_template_of(folder, chat_template),
         init_scale,
+        num_steps,
+        exit,
     )

@@ -87,6 +87,8 @@ class Served:
     name: str
     chat_template: str | None = None
     init_scale: float = 1.0
+    num_steps: int | None = None  # the deployment's depth (None: the model's), where a request sets none
+    exit: str | None = None  # the deployment's exit criterion, where a request sets none ("none" turns it off)
 
 
 class BadRequest(Exception):
@@ -285,14 +287,14 @@ def _job(served: Served, body: _Sampling, ids: list[int], index: int, logprobs: 
     try:
         config = GenerationConfig(
             max_new_tokens=max_tokens,
-            num_steps=body.num_steps,
+            num_steps=served.num_steps if body.num_steps is None else body.num_steps,
             init_scale=init_scale,
             do_sample=body.temperature > 0,
             temperature=body.temperature if body.temperature > 0 else 1.0,
             top_k=body.top_k if body.top_k > 0 else None,
             top_p=body.top_p if body.top_p < 1 else None,
             stop_tokens=() if body.ignore_eos else (tokenizer.eos_id,),
-            exit=body.exit,
+            exit=served.exit if body.exit is None else body.exit,
             continuous=body.continuous,
         )
     except UsageError as error:
