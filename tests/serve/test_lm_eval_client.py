@@ -18,10 +18,12 @@ pytest.importorskip("lm_eval")
 uvicorn = pytest.importorskip("uvicorn")
 
 
-def serving(model, depth: int):
-    served = Served(Engine(model, max_batch=4), ByteTokenizer(), "tiny", None, init_scale=0.0, num_steps=depth)
+def serving(lm, depth: int):
+    served = Served(Engine(lm, max_batch=4), ByteTokenizer(), "tiny", None, init_scale=0.0, num_steps=depth)
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(served), host="127.0.0.1", port=port, log_level="error"))
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(served), host="127.0.0.1", port=port, log_level="error")
+    )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     while not server.started:
@@ -32,7 +34,7 @@ def serving(model, depth: int):
 @pytest.mark.parametrize("depth", DEPTHS)
 def test_local_completions_scores_equal_the_harness(model, local_tasks, depth):  # noqa: F811
     import lm_eval
-    import lm_eval.models.openai_completions  # noqa: F401 - registers local-completions
+    import lm_eval.models.openai_completions  # registers local-completions
 
     from latentloop.eval.harness import task_manager
 

@@ -51,7 +51,9 @@ def load_served(
 ) -> Served:
     """The model at ``model`` (a checkpoint folder, a run folder or a Hub id) ready to serve, with the
     deployment's defaults for what a request leaves out (``init_scale``, ``num_steps``, ``exit``)."""
-    GenerationConfig(num_steps=num_steps, init_scale=init_scale, exit=exit)  # refuses bad values before loading
+    GenerationConfig(
+        num_steps=num_steps, init_scale=init_scale, exit=exit
+    )  # refuses bad values before loading
     folder = resolve_checkpoint(resolve_model(model, revision))
     lm = load_looped_lm(folder)
     spec = tokenizer or (folder / "tokenizer.json" if (folder / "tokenizer.json").is_file() else None)

@@ -88,7 +88,9 @@ class Served:
     chat_template: str | None = None
     init_scale: float = 1.0
     num_steps: int | None = None  # the deployment's depth (None: the model's), where a request sets none
-    exit: str | None = None  # the deployment's exit criterion, where a request sets none ("none" turns it off)
+    exit: str | None = (
+        None  # the deployment's exit criterion, where a request sets none ("none" turns it off)
+    )
 
 
 class BadRequest(Exception):
