@@ -246,3 +246,23 @@ def test_the_openai_client_streaming_and_not(server, model):
     )
     with pytest.raises(openai.BadRequestError, match="unknown model"):
         client.completions.create(model="nope", prompt="x", max_tokens=2)
+
+
+def test_the_deployments_depth_and_exit_apply_where_a_request_sets_none(model):
+    served = make_served(model)
+    served.num_steps, served.exit = 12, "latent-diff:0.5"
+    body = {"prompt": "abc", "max_tokens": 8, "temperature": 0, "ignore_eos": True}
+    with TestClient(create_app(served)) as client:
+        default = client.post("/v1/completions", json=body).json()["usage"]["mean_depth"]
+        plain = client.post("/v1/completions", json={**body, "exit": "none"}).json()["usage"]["mean_depth"]
+        deeper = client.post("/v1/completions", json={**body, "exit": "none", "num_steps": 20}).json()
+    out = generate(
+        model,
+        torch.tensor([list(b"abc")]),
+        max_new_tokens=8,
+        num_steps=12,
+        init_scale=0.0,
+        exit="latent-diff:0.5",
+    )
+    assert default == pytest.approx(out.mean_steps, abs=1e-4) and default < 12
+    assert plain == 12 and deeper["usage"]["mean_depth"] == 20
