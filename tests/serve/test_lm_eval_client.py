@@ -18,8 +18,10 @@ pytest.importorskip("lm_eval")
 uvicorn = pytest.importorskip("uvicorn")
 
 
-def serving(lm, depth: int):
-    served = Served(Engine(lm, max_batch=4), ByteTokenizer(), "tiny", None, init_scale=0.0, num_steps=depth)
+def serving(lm, depth: int, template: str | None = None):
+    served = Served(
+        Engine(lm, max_batch=4), ByteTokenizer(), "tiny", template, init_scale=0.0, num_steps=depth
+    )
     port = free_port()
     server = uvicorn.Server(
         uvicorn.Config(create_app(served), host="127.0.0.1", port=port, log_level="error")
@@ -53,3 +55,27 @@ def test_local_completions_scores_equal_the_harness(model, local_tasks, depth): 
         thread.join()
     assert results["tiny_mc"]["acc,none"] == pytest.approx(expected[depth]["tiny_mc"])
     assert results["tiny_gen"]["exact_match,none"] == pytest.approx(expected[depth]["tiny_gen"])
+
+
+def test_local_chat_completions_scores_generation_as_the_harness(model, local_tasks):  # noqa: F811
+    import lm_eval
+    import lm_eval.models.openai_completions  # registers local-chat-completions
+
+    from latentloop.eval.harness import task_manager
+
+    folder, _, expected = local_tasks
+    server, thread, url = serving(model, 1, template="{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    try:
+        results = lm_eval.simple_evaluate(
+            model="local-chat-completions",
+            model_args={"base_url": url.replace("/completions", "/chat/completions"), "model": "tiny"},
+            tasks=["tiny_gen"],
+            task_manager=task_manager(folder),
+            apply_chat_template=True,
+            bootstrap_iters=0,
+        )["results"]
+    finally:
+        server.should_exit = True
+        thread.join()
+    assert expected[1]["tiny_gen"] == pytest.approx(1 / 3)  # one of three right: a score that can move
+    assert results["tiny_gen"]["exact_match,none"] == pytest.approx(expected[1]["tiny_gen"])
