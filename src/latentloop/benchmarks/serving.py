@@ -11,7 +11,9 @@ idle), the same requests through the server one client at a time, and the same r
 concurrent clients; tokens/s is completion tokens over wall time, and each ratio is the median of the
 per-repeat ratios. With `--exit` on an arithmetic run, the task's held-out problems are served at fixed depth
 and with the exit criterion, from `--clients` concurrent clients: accuracy (the task's verifier), mean depth per
-token (the server's `usage.mean_depth`) and the share of core iterations saved. Prints one JSON object.
+token (the server's `usage.mean_depth`) and the share of core iterations saved. With `--load N`, N rounds of 64
+concurrent clients (a third plain, a third streaming, a third leaving after the first chunk): how each request
+ended, and the server's resident memory after each round. Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -187,6 +189,68 @@ def throughput(args, folder: Path) -> dict:
     }
 
 
+def _rss_mib(pid: int) -> float:
+    """Resident memory of process ``pid`` (Linux), in MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def load(args, folder: Path) -> dict:
+    """``--load`` rounds of 64 concurrent clients: a third plain, a third streaming, a third leaving after
+    the first chunk; every outcome counted, the server's memory after each round."""
+    import httpx
+
+    server = Server(folder, args.threads, args.max_batch)
+
+    def client(index: int) -> str:
+        body = {
+            "model": "bench",
+            "prompt": f"client {index}",
+            "max_tokens": 16 + index % 16,
+            "temperature": 0,
+        }
+        body |= {"ignore_eos": True, "num_steps": 1 + index % 8}
+        url = f"{server.url}/v1/completions"
+        try:
+            with httpx.Client(timeout=None) as http:
+                if index % 3 == 0:
+                    reply = http.post(url, json=body)
+                    return "ok" if reply.status_code == 200 else f"status {reply.status_code}"
+                with http.stream("POST", url, json={**body, "stream": True}) as reply:
+                    if reply.status_code != 200:
+                        return f"status {reply.status_code}"
+                    for line in reply.iter_lines():
+                        if index % 3 == 2 and line.startswith("data: "):
+                            return "left"
+                        if line == "data: [DONE]":
+                            return "ok"
+            return "no [DONE]"
+        except httpx.HTTPError as error:
+            return type(error).__name__
+
+    rounds = []
+    try:
+        for _ in range(args.load):
+            started = time.perf_counter()
+            with ThreadPoolExecutor(64) as pool:
+                outcomes = list(pool.map(client, range(64)))
+            while httpx.get(f"{server.url}/health").json()["requests"]:
+                time.sleep(0.1)
+            counts = {name: outcomes.count(name) for name in sorted(set(outcomes))}
+            rounds.append(
+                {
+                    "outcomes": counts,
+                    "seconds": round(time.perf_counter() - started, 2),
+                    "server_rss_mib": round(_rss_mib(server.process.pid), 1),
+                }
+            )
+    finally:
+        server.close()
+    return {"clients": 64, "rounds": rounds}
+
+
 def adaptive_exit(args, folder: Path) -> dict:
     from latentloop.tasks.base import get_task
     from latentloop.train.checkpoint import run_folder_of
@@ -258,6 +322,9 @@ def main(argv: list[str] | None = None) -> int:
         "--exit", default=None, help="an exit criterion: serve a trained arithmetic run's problems"
     )
     parser.add_argument("--problems", type=int, default=200, help="held-out problems (--exit)")
+    parser.add_argument(
+        "--load", type=int, default=0, help="rounds of 64 concurrent clients (0: no load test)"
+    )
     parser.add_argument("--max-batch", type=int, default=16, help="the server's --max-batch")
     parser.add_argument("--threads", type=int, default=2, help="torch threads of the server and of generate")
     parser.add_argument("--output", type=Path, help="also write the JSON here")
@@ -288,7 +355,9 @@ def main(argv: list[str] | None = None) -> int:
 
                 folder = resolve_checkpoint(args.model)
                 header["model"] = str(args.model)
-            if args.exit is not None:
+            if args.load:
+                report = header | load(args, folder)
+            elif args.exit is not None:
                 if args.depth is None:
                     raise UsageError("--exit needs --depth (the fixed depth it is compared with)")
                 report = header | adaptive_exit(args, folder)
