@@ -266,3 +266,11 @@ def test_the_deployments_depth_and_exit_apply_where_a_request_sets_none(model):
     )
     assert default == pytest.approx(out.mean_steps, abs=1e-4) and default < 12
     assert plain == 12 and deeper["usage"]["mean_depth"] == 20
+
+
+def test_tokens_as_ids_name_every_generated_token(client, model):
+    body = {"prompt": "xyz", "max_tokens": 6, "temperature": 0, "logprobs": 0, "ignore_eos": True}
+    block = client.post("/v1/completions", json={**body, "return_tokens_as_token_ids": True}).json()
+    out = generate(model, torch.tensor([list(b"xyz")]), max_new_tokens=6, init_scale=0.0)
+    ids = out.sequences[0, 3:].tolist()
+    assert block["choices"][0]["logprobs"]["tokens"] == [f"token_id:{i}" for i in ids]

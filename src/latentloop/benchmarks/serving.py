@@ -9,7 +9,7 @@ clients are threads of this process. Every request is greedy, from a zero initia
 runs, one after the other, `--requests` requests through `generate` one at a time in this process (the server
 idle), the same requests through the server one client at a time, and the same requests from `--clients`
 concurrent clients; tokens/s is completion tokens over wall time, and each ratio is the median of the
-per-repeat ratios. With `--exit` on an arithmetic run, the task's held-out problems are served at fixed depth
+per-repeat ratios. The server's tokens are compared with `generate`'s, request by request. With `--exit` on an arithmetic run, the task's held-out problems are served at fixed depth
 and with the exit criterion, from `--clients` concurrent clients: accuracy (the task's verifier), mean depth per
 token (the server's `usage.mean_depth`) and the share of core iterations saved. With `--load N`, N rounds of 64
 concurrent clients (a third plain, a third streaming, a third leaving after the first chunk): how each request
@@ -57,7 +57,6 @@ RANDOM_SHAPES = {
         intermediate_size=2048,
         num_hidden_layers=6,
         num_attention_heads=8,
-        num_key_value_heads=8,
         vocab_size=32768,
         max_position_embeddings=1024,
         total_ut_steps=4,
@@ -123,6 +122,10 @@ def concurrently(server: Server, bodies: list[dict], clients: int) -> tuple[list
     return replies, time.perf_counter() - started
 
 
+def _token_ids(reply: dict) -> list[int]:
+    return [int(name.removeprefix("token_id:")) for name in reply["choices"][0]["logprobs"]["tokens"]]
+
+
 def throughput(args, folder: Path) -> dict:
     model = load_looped_lm(folder)
     generator = torch.Generator().manual_seed(0)
@@ -133,9 +136,10 @@ def throughput(args, folder: Path) -> dict:
         for _ in range(args.requests)
     ]
     common = {"max_tokens": args.max_tokens, "temperature": 0, "ignore_eos": True, "num_steps": args.depth}
+    common |= {"logprobs": 0, "return_tokens_as_token_ids": True}  # the tokens, to compare with generate's
     bodies = [{"prompt": prompt, **common} for prompt in prompts]
     server = Server(folder, args.threads, args.max_batch)
-    rounds = []
+    rounds, identical = [], []
     try:
         # One untimed request each way first: the first call of a process pays for allocations and warm-up.
         generate(model, torch.tensor([prompts[0]]), max_new_tokens=2, num_steps=args.depth, init_scale=0.0)
@@ -157,6 +161,8 @@ def throughput(args, folder: Path) -> dict:
             many, many_seconds = concurrently(server, bodies, args.clients)
             tokens = args.requests * args.max_tokens
             assert all(r["usage"]["completion_tokens"] == args.max_tokens for r in one + many)
+            served = [_token_ids(reply) for reply in one] + [_token_ids(reply) for reply in many]
+            identical.append(served == alone + alone)
             rounds.append(
                 {
                     "generate_tokens_per_second": tokens / generate_seconds,
@@ -173,6 +179,7 @@ def throughput(args, folder: Path) -> dict:
         "depth": args.depth,
         "clients": args.clients,
         "median": {key: round(value, 2) for key, value in median.items()},
+        "tokens_identical_to_generate": all(identical),
         "concurrent_over_one_client": round(
             statistics.median(
                 r["concurrent_tokens_per_second"] / r["one_client_tokens_per_second"] for r in rounds

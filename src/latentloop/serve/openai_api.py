@@ -63,6 +63,7 @@ class CompletionBody(_Sampling):
     max_tokens: int | None = Field(16, ge=0)
     echo: bool = False
     logprobs: int | None = Field(None, ge=0, le=20)
+    return_tokens_as_token_ids: bool = False  # vLLM's: logprobs name tokens "token_id:ID"
 
 
 class ChatMessage(BaseModel):
@@ -206,8 +207,9 @@ def create_app(served: Served) -> FastAPI:
                         job.init_scale,
                         body.logprobs,
                     )
+                prompt = job.request.prompt if body.echo else []
                 choice["logprobs"] = _logprob_block(
-                    tokenizer, job.request.prompt if body.echo else [], scored, tokens
+                    tokenizer, prompt, scored, tokens, body.return_tokens_as_token_ids
                 )
             choices.append(choice)
         return _response("text_completion", served, choices, jobs, results)
@@ -505,19 +507,25 @@ def _logprob_block(
     prompt: list[int],
     scored: list[tuple[float | None, tuple[tuple[int, float], ...]]],
     tokens: list[Token],
+    as_ids: bool = False,
 ) -> dict[str, Any]:
-    """OpenAI's legacy completion logprobs: per token its text, log-probability, top alternatives and offset
-    (the prompt's tokens first where echoed; its first token has no log-probability)."""
+    """OpenAI's legacy completion logprobs: per token its text (``token_id:ID`` with ``as_ids``),
+    log-probability, top alternatives and offset (the prompt's tokens first where echoed; its first token has no
+    log-probability)."""
+
+    def name(token_id: int) -> str:
+        return f"token_id:{token_id}" if as_ids else tokenizer.token_text(token_id)
+
     entries = list(zip(prompt, scored, strict=True)) + [(t.id, (t.logprob, t.top)) for t in tokens]
     block: dict[str, list[Any]] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
     offset = 0
     for token_id, (logprob, top) in entries:
         text = tokenizer.token_text(token_id)
-        block["tokens"].append(text)
+        block["tokens"].append(name(token_id))
         block["token_logprobs"].append(logprob)
         alternatives: dict[str, float] = {}
         for other, value in top:
-            alternatives.setdefault(tokenizer.token_text(other), value)
+            alternatives.setdefault(name(other), value)
         block["top_logprobs"].append(alternatives if logprob is not None else None)
         block["text_offset"].append(offset)
         offset += len(text)
