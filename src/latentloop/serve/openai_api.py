@@ -165,7 +165,7 @@ def create_app(served: Served) -> FastAPI:
         prompt = body.get("prompt")
         if not isinstance(prompt, str):
             raise BadRequest("prompt must be a string")
-        tokens = _encode(tokenizer, prompt)
+        tokens = tokenizer.encode(prompt)
         return {"tokens": tokens, "count": len(tokens), "max_model_len": block_size}
 
     @app.post("/detokenize")
@@ -222,7 +222,7 @@ def create_app(served: Served) -> FastAPI:
                 f"model {served.name} has no chat template: start the server with --chat-template FILE"
             )
         text = _render_chat(served, body)
-        ids = _encode(tokenizer, text)
+        ids = tokenizer.encode(text)
         if body.max_completion_tokens is not None:
             body.max_tokens = body.max_completion_tokens
         jobs = [_job(served, body, ids, i, None) for i in range(body.n)]
@@ -251,19 +251,14 @@ def _check_model(served: Served, model: str | None) -> None:
         raise BadRequest(f"unknown model {model!r}: this server serves {served.name!r}")
 
 
-def _encode(tokenizer: Tokenizer, text: str) -> list[int]:
-    """Token ids of ``text``, as ``latentloop generate`` encodes a prompt (no special tokens added)."""
-    return tokenizer.encode(text)
-
-
 def _prompts(tokenizer: Tokenizer, prompt: Any) -> list[list[int]]:
     """Token ids of each prompt: a string, a list of strings, a list of ids, or a list of lists of ids."""
     if isinstance(prompt, str):
-        prompts = [_encode(tokenizer, prompt)]
+        prompts = [tokenizer.encode(prompt)]
     elif prompt and all(isinstance(p, int) for p in prompt):
         prompts = [list(prompt)]
     else:
-        prompts = [list(p) if isinstance(p, list) else _encode(tokenizer, p) for p in prompt]
+        prompts = [list(p) if isinstance(p, list) else tokenizer.encode(p) for p in prompt]
     if not prompts or any(not ids for ids in prompts):
         raise BadRequest("the prompt is empty: give at least one token")
     return prompts
