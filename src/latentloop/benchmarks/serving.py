@@ -272,7 +272,7 @@ def adaptive_exit(args, folder: Path) -> dict:
     server = Server(folder, args.threads, args.max_batch)
     report = {}
     try:
-        for name, extra in (("fixed", {}), ("exit", {"exit": args.exit})):
+        for name, extra in (("fixed_depth", {}), ("with_exit", {"exit": args.exit})):
             bodies = [
                 {
                     "prompt": task.encode(problem),
@@ -297,7 +297,8 @@ def adaptive_exit(args, folder: Path) -> dict:
     finally:
         server.close()
     agree = sum(
-        a == b for a, b in zip(report["fixed"].pop("answers"), report["exit"].pop("answers"), strict=True)
+        a == b
+        for a, b in zip(report["fixed_depth"].pop("answers"), report["with_exit"].pop("answers"), strict=True)
     )
     return {
         "task": {"name": config.task.name, **config.task.options},
@@ -306,7 +307,9 @@ def adaptive_exit(args, folder: Path) -> dict:
         "exit": args.exit,
         "clients": args.clients,
         **report,
-        "core_iterations_saved": round(1 - report["exit"]["mean_depth"] / report["fixed"]["mean_depth"], 4),
+        "core_iterations_saved": round(
+            1 - report["with_exit"]["mean_depth"] / report["fixed_depth"]["mean_depth"], 4
+        ),
         "answers_agreeing": agree / len(problems),
     }
 

@@ -7,9 +7,10 @@ logits (greedy or sampled with its own generator), and the batch runs one new to
 - the rows share one KV cache, left-padded so that all write the same position; positions count only a row's
   own tokens, so a row sees exactly what it would alone (``attention_mask`` in
   :func:`~latentloop.models.recurrent_depth.step_context`);
-- the core runs up to the deepest row's depth; a row stops writing the cache after its own depth, or where its
-  exit criterion says so (skipped slots are filled as sequential decoding fills them), and a criterion that
-  computes every step (``gate-full``) only chooses which step the row's token is read from;
+- the core runs up to the deepest row's depth, each iteration over the rows still running: a row stops after
+  its own depth, or where its exit criterion says so (skipped slots are filled as sequential decoding fills
+  them), and a criterion that computes every step (``gate-full``) only chooses which step the row's token is
+  read from;
 - a row that finishes or whose client went away leaves between two tokens, and the cache is rebuilt without it.
 
 So each row's token comes from the same computation as a call of ``generate`` with the same settings, in a
@@ -33,8 +34,10 @@ from latentloop.errors import UsageError
 from latentloop.models.decoding import Sequences
 from latentloop.models.exit_criteria import ExitCriterion
 from latentloop.models.generation import GenerationConfig, check_loop, select_token
-from latentloop.models.kv_cache import RecurrentKVCache
+from latentloop.models.kv_cache import LayerKey, RecurrentKVCache
 from latentloop.models.looped import LoopedLM
+from latentloop.models.recurrent_depth import StepContext
+from latentloop.nn import KVHook
 
 # The GenerationConfig fields a request may set; the rest are the deployment's or belong to other decoders.
 REQUEST_FIELDS = (
@@ -414,11 +417,16 @@ class Engine:
         chosen = state
         used = depths.clone()
         for i in range(deepest):
-            ctx.rows = None if bool(active.all()) else active
-            state = torch.where(active[:, None, None], model.core_step(state, embeds, ctx, i), state)
+            if bool(active.all()):
+                state = model.core_step(state, embeds, ctx, i)
+            else:  # only the rows still running: the others' work is saved, not masked
+                index = active.nonzero().squeeze(1)
+                step = model.core_step(state[index], embeds[index], _rows_of(ctx, index), i)
+                state = state.index_copy(0, index, step)
             last = depths == i + 1
             exited = torch.zeros_like(active)
             if groups and i < deepest - 1:
+                ctx.rows = None if bool(active.all()) else active
                 logits = model.predict(state, ctx) if needs_logits else None
                 for criterion, index in groups:
                     step_logits = None if logits is None else logits[index]
@@ -441,6 +449,36 @@ class Engine:
         for i, row in enumerate(rows):
             row.logits, row.state, row.length = logits[i], chosen[i], row.length + 1
             row.last_steps = int(used[i])
+
+
+def _rows_of(ctx: StepContext, index: torch.Tensor) -> StepContext:
+    """``ctx`` for the rows ``index`` of the batch alone: their positions, mask and cache rows."""
+    rope = ctx.rope[index] if ctx.rope.shape[0] > 1 else ctx.rope
+    mask = None if ctx.mask is None else ctx.mask[index]
+    return dataclasses.replace(ctx, rope=rope, mask=mask, cache=_CacheRows(ctx.cache, index), rows=None)
+
+
+class _CacheRows:
+    """Some rows of a :class:`RecurrentKVCache`: a step of those rows alone writes their keys and values there
+    and attends to theirs."""
+
+    def __init__(self, cache: RecurrentKVCache, index: torch.Tensor) -> None:
+        self.cache, self.index = cache, index
+
+    def slot(self, iteration: int) -> int:
+        return self.cache.slot(iteration)
+
+    def hook(self, key: LayerKey, start: int, rows: torch.Tensor | None = None) -> KVHook:
+        keys, values = self.cache.keys[key], self.cache.values[key]
+        index = self.index
+
+        def update(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            end = start + k.shape[2]
+            keys[index, :, start:end] = k.to(keys.dtype)
+            values[index, :, start:end] = v.to(values.dtype)
+            return keys[index, :, :end], values[index, :, :end]
+
+        return update
 
 
 def _logprobs(logits: torch.Tensor, token: int, top: int | None) -> tuple[float | None, tuple]:
