@@ -38,6 +38,16 @@ from latentloop.errors import ArgumentParser, UsageError
 from latentloop.io import atomic_write_text
 from latentloop.models.generation import generate
 from latentloop.models.looped_lms import load_looped_lm
+from latentloop.models.ouro import OuroConfig, OuroLM
+from latentloop.models.recurrent_depth import RecurrentDepthConfig, RecurrentDepthLM
+from latentloop.tasks.base import get_task
+from latentloop.train.checkpoint import resolve_checkpoint, run_folder_of
+from latentloop.train.run_config import load_run_config
+
+try:  # the clients; the serve extra installs it
+    import httpx
+except ImportError:
+    httpx = None
 
 # Random models in each family's official layout at head dimension 64, about 50M parameters and more.
 RANDOM_SHAPES = {
@@ -68,12 +78,8 @@ def random_model(family: str, folder: Path) -> int:
     """Writes a random model of ``family`` to ``folder``; returns its parameter count."""
     torch.manual_seed(0)
     if family == "huginn":
-        from latentloop.models.recurrent_depth import RecurrentDepthConfig, RecurrentDepthLM
-
         model = RecurrentDepthLM(RecurrentDepthConfig(**RANDOM_SHAPES["huginn"]))
     else:
-        from latentloop.models.ouro import OuroConfig, OuroLM
-
         model = OuroLM(OuroConfig(**RANDOM_SHAPES["ouro"]))
     model.save_pretrained(folder)
     return sum(p.numel() for p in model.parameters())
@@ -83,8 +89,6 @@ class Server:
     """``latentloop serve FOLDER`` in a child process, on a free loopback port."""
 
     def __init__(self, folder: Path, threads: int, max_batch: int) -> None:
-        import httpx
-
         self.client = httpx.Client(timeout=None)
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
@@ -207,8 +211,6 @@ def _rss_mib(pid: int) -> float:
 def load(args, folder: Path) -> dict:
     """``--load`` rounds of 64 concurrent clients: a third plain, a third streaming, a third leaving after
     the first chunk; every outcome counted, the server's memory after each round."""
-    import httpx
-
     server = Server(folder, args.threads, args.max_batch)
 
     def client(index: int) -> str:
@@ -259,10 +261,6 @@ def load(args, folder: Path) -> dict:
 
 
 def adaptive_exit(args, folder: Path) -> dict:
-    from latentloop.tasks.base import get_task
-    from latentloop.train.checkpoint import run_folder_of
-    from latentloop.train.run_config import load_run_config
-
     run = run_folder_of(folder)
     if run is None:
         raise UsageError(f"{folder} is not inside a run folder, so its task is unknown")
@@ -361,8 +359,6 @@ def main(argv: list[str] | None = None) -> int:
                 folder = Path(scratch) / args.random
                 header |= {"model": f"random {args.random}", "parameters": random_model(args.random, folder)}
             else:
-                from latentloop.train.checkpoint import resolve_checkpoint
-
                 folder = resolve_checkpoint(args.model)
                 header["model"] = str(args.model)
             if args.load:
