@@ -177,3 +177,19 @@ def test_close_drains_requests_in_flight(huginn):
     assert [r.tokens()[1].reason for r in requests] == ["length"] * 5
     with pytest.raises(RuntimeError, match="shutting down"):
         engine.submit(Request([1, 2], GenerationConfig()))
+
+
+def test_a_prompt_whose_prefill_fails_ends_only_its_own_request(huginn):
+    class Failing(Engine):
+        def _prefill(self, request):
+            if request.prompt == [9, 9, 9]:
+                raise RuntimeError("boom")
+            return super()._prefill(request)
+
+    engine = Failing(huginn)
+    good = engine.submit(Request([1, 2, 3], GenerationConfig(max_new_tokens=3, init_scale=0.0)))
+    bad = engine.submit(Request([9, 9, 9], GenerationConfig(max_new_tokens=3, init_scale=0.0)))
+    while engine.busy:
+        engine.step()
+    assert bad.tokens() == ([], Finished("error", "RuntimeError: boom"))
+    assert good.tokens()[1] == Finished("length")

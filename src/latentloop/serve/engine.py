@@ -160,8 +160,6 @@ class Engine:
         self.lock = threading.Condition()
         self.closing = False
         self.thread: threading.Thread | None = None
-        self.tokens_decoded = 0
-        self.steps_run = 0
 
     # Requests ---------------------------------------------------------------------------------------------------
     def check(self, request: Request) -> int:
@@ -270,8 +268,9 @@ class Engine:
                 continue
             try:
                 admitted.append(self._prefill(request))
-            except UsageError as error:
-                request.send(Finished("error", str(error)))
+            except Exception as error:  # a prompt that fails ends its own request, not the batch
+                message = str(error) if isinstance(error, UsageError) else f"{type(error).__name__}: {error}"
+                request.send(Finished("error", message))
 
     def _prefill(self, request: Request) -> _Row:
         """The prompt alone at its depth, as ``generate`` prefills it."""
@@ -319,8 +318,6 @@ class Engine:
         steps = row.depth if row.produced == 0 else row.last_steps
         row.request.send(Token(token, steps, *_logprobs(row.logits, token, row.request.logprobs)))
         row.produced += 1
-        self.tokens_decoded += 1
-        self.steps_run += steps
         if token in row.stops:
             return "stop"
         if row.remaining == 0:
