@@ -82,3 +82,12 @@ def test_missing_and_malformed_files_are_usage_errors(tmp_path):
     with pytest.raises(UsageError, match="not a valid tokenizer") as info:
         load_tokenizer(wrong)
     assert "\n" not in str(info.value)
+
+
+def test_token_text_spells_special_tokens_that_decode_to_nothing(tmp_path):
+    byte = ByteTokenizer()
+    assert [byte.token_text(i) for i in (97, 256, 257, 258)] == ["a", "<pad>", "<bos>", "<eos>"]
+    tok = HFTokenizer(_write_hf_tokenizer(tmp_path / "t.json"))
+    assert tok.token_text(tok.eos_id) == "<|endoftext|>"
+    fox = tok.encode("fox")
+    assert "".join(tok.token_text(i) for i in fox) == "fox"
