@@ -158,6 +158,17 @@ def test_a_task_may_ship_one_model_per_puzzle_size_and_the_puzzle_picks_it(tmp_p
     assert pretrained_model("sudoku", None, tmp_path) == tmp_path / "sudoku6"
 
 
+def test_a_shipped_models_task_spec_reads_back_its_list_options(tmp_path):
+    """A run trained on several numbers of removed queens (``k: [7, 8, 9]``) names its task so that the spec
+    parses back to the same task: a comma inside the list would split it into options."""
+    (tmp_path / "run.yaml").write_text("task:\n  name: nqueens\n  n: 10\n  k: [7, 8, 9]\n")
+    spec = pretrained_task_spec(tmp_path)
+    assert spec == "nqueens:n=10,k=7;8;9"
+    name, options = parse_task_spec(spec)
+    task = get_task(name, **options)
+    assert (task.n, task.k) == (10, [7, 8, 9])
+
+
 def test_a_shipped_models_solve_settings_are_read_and_checked(tmp_path):
     """solve.yaml beside the weights gives solve's default test-time setting; a typo or a wrong type in it is
     a one-line error, not a silently ignored setting."""

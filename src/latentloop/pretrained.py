@@ -16,6 +16,7 @@ from typing import Any
 from latentloop.config import load_yaml
 from latentloop.errors import UsageError
 from latentloop.paths import PRETRAINED_DIR
+from latentloop.tasks.base import format_task_spec
 
 
 def pretrained_models(folder: Path = PRETRAINED_DIR) -> dict[str, Path]:
@@ -39,9 +40,7 @@ def pretrained_variants(folder: Path = PRETRAINED_DIR) -> dict[str, list[Path]]:
 def pretrained_task_spec(folder: Path) -> str:
     """The task (with the options it was trained on) of a shipped model, as ``name:key=value,...``."""
     task = dict(load_yaml(folder / "run.yaml")["task"])
-    name = task.pop("name")
-    options = ",".join(f"{key}={value}" for key, value in task.items())
-    return f"{name}:{options}" if options else str(name)
+    return format_task_spec(str(task.pop("name")), task)
 
 
 # What a shipped model's solve.yaml may set, and the type of each

@@ -244,6 +244,16 @@ def get_task(name: str, **options: Any) -> Task:
         raise UsageError(f"task {name!r}: {error}") from None
 
 
+def format_task_spec(name: str, options: dict[str, Any]) -> str:
+    """The spec that :func:`parse_task_spec` reads back to ``name`` and ``options``: ``name:key=value,...``, a
+    list's items joined by ``;`` (``k=[7, 8, 9]`` -> ``k=7;8;9``), since ``,`` separates the options."""
+    items = [
+        f"{key}={';'.join(map(str, value)) if isinstance(value, (list, tuple)) else value}"
+        for key, value in options.items()
+    ]
+    return f"{name}:{','.join(items)}" if items else name
+
+
 def parse_task_spec(spec: str) -> tuple[str, dict[str, str]]:
     """``"nqueens:n=8,k=5"`` -> ``("nqueens", {"n": "8", "k": "5"})`` (values stay strings for the task to parse)."""
     name, _, rest = spec.partition(":")
