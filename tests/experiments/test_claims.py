@@ -474,6 +474,41 @@ def test_a_figure_is_filled_from_its_claims_measures(tmp_path):
     assert (tmp_path / "RESULTS.md").read_text() == "# Results\n"  # a topic page gets no dashboard
 
 
+def test_a_figure_is_filled_from_the_fields_of_a_results_file(tmp_path):
+    """A figure whose source is a .json file names the file's fields by path, with their format specs."""
+    runs = [{"clients": 1, "tok_s": 20.16}, {"clients": 8, "tok_s": 90.594}]
+    _write(tmp_path, "bench/speed.json", {"runs": runs, "ratio": 4.4937, "same": True, "machine": "EPYC"})
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "RESULTS.md").write_text("# Results\n")  # the page's figures read beside it
+    page = tmp_path / "docs" / "topic.md"
+    template = (
+        "{runs[clients=8].tok_s:.1f} tokens/s, {ratio:.2f}x on {machine}; same: {same:yesno}; {ratio:.0%}"
+    )
+    marker = f'<!-- figure: ../bench/speed.json "{template}" -->'
+    page.write_text(f"Served {marker}stale<!-- /figure -->.\n")
+    assert main(["run", "--dashboard", str(page)]) == 0
+    assert (
+        page.read_text() == f"Served {marker}90.6 tokens/s, 4.49x on EPYC; same: yes; 449%<!-- /figure -->.\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("template", "error"),
+    [
+        ("{runs[*].tok_s:.1f}", "field 'runs[*].tok_s' matches 2 values, not one"),
+        ("{speed:.1f}", "field 'speed' matches 0 values, not one"),
+    ],
+)
+def test_a_figure_whose_field_is_not_one_value_is_a_one_line_error(tmp_path, capsys, template, error):
+    _write(tmp_path, "speed.json", {"runs": [{"tok_s": 20.16}, {"tok_s": 90.6}]})
+    (tmp_path / "RESULTS.md").write_text("# Results\n")
+    page = tmp_path / "topic.md"
+    page.write_text(f'<!-- figure: speed.json "{template}" -->old<!-- /figure -->\n')
+    assert main(["run", "--dashboard", str(page)]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [f"error: speed.json: the figure's {error}"]
+    assert "old" in page.read_text()  # nothing written
+
+
 def test_every_report_is_regenerated_byte_identical_from_its_committed_results():
     """The experiments' sections of RESULTS.md and each results folder's report.md are the reports their
     committed results.json render to: `latentloop run --dashboard docs/RESULTS.md` rewrites any that are not."""

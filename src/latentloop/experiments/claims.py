@@ -208,7 +208,7 @@ CLAIMS = CATALOG.claims
 FAMILIES = CATALOG.families
 
 
-class _Value:
+class Value:
     """A measured value inside a template: "-" when missing; the specs ``yesno`` (a truth value) and ``sci``."""
 
     def __init__(self, value: float | None) -> None:
@@ -270,7 +270,7 @@ def measure_value(measure: Measure, data: Any) -> float | None:
 
 def fill(template: str, values: dict[str, float | None], catalog: Catalog = CATALOG) -> str:
     """``template`` with the measured ``values`` and the catalog's constants in place."""
-    return template.format(**catalog.constants, **{name: _Value(v) for name, v in values.items()})
+    return template.format(**catalog.constants, **{name: Value(v) for name, v in values.items()})
 
 
 def evaluate(claim: Claim, base: Path, cache: dict[Path, Any] | None = None) -> ClaimResult:

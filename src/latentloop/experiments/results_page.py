@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+import string
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from latentloop.errors import UsageError
 from latentloop.experiments.claims import (
     CATALOG,
     CLAIMS_FILE,
@@ -29,8 +31,10 @@ from latentloop.experiments.claims import (
     REPRODUCED,
     STATUSES,
     Claim,
+    Value,
     evaluate,
     fill,
+    resolve,
 )
 from latentloop.experiments.report import report_markdown
 from latentloop.io import atomic_write_text
@@ -295,20 +299,50 @@ def write_headline(path: Path) -> bool:
     return True
 
 
-# A figure in prose, generated: <!-- figure: CLAIM_ID "TEMPLATE" -->TEXT<!-- /figure -->, TEXT the template filled
-# with the claim's measures (claims.fill).
+# A figure in prose, generated: <!-- figure: SOURCE "TEMPLATE" -->TEXT<!-- /figure -->, TEXT the template filled.
+# SOURCE is a claim's id (the template names its measures, claims.fill) or a results file ending in .json, relative
+# to the folder of RESULTS.md (the template names the file's fields by path: {speed.ratio:.2f}).
 FIGURE = re.compile(r'<!-- figure: (\S+) "([^"]*)" -->(.*?)<!-- /figure -->', re.DOTALL)
 
 
+class _FileFields(string.Formatter):
+    """A template whose fields are paths into one results file (the syntax of claims.Measure); each must name
+    exactly one number, truth value or word."""
+
+    def __init__(self, data: Any, name: str) -> None:
+        self.data, self.name = data, name
+
+    def get_field(self, field_name: str, args: Any, kwargs: Any) -> tuple[Any, str]:
+        found = resolve(self.data, field_name)
+        if len(found) != 1 or not isinstance(found[0], (int, float, str)):
+            raise UsageError(
+                f"{self.name}: the figure's field {field_name!r} matches {len(found)} values, not one"
+            )
+        return (found[0] if isinstance(found[0], str) else Value(found[0])), field_name
+
+
+def file_figure(path: Path, template: str, cache: dict[Path, Any]) -> str:
+    """``template`` filled with the fields of the results file ``path``."""
+    if path not in cache:
+        if not path.is_file():
+            raise UsageError(f"a generated figure reads {path}, which does not exist")
+        cache[path] = json.loads(path.read_text())
+    return _FileFields(cache[path], path.name).format(template)
+
+
 def render_figures(text: str, base: Path) -> str:
-    """``text`` with every generated figure filled from the claims measured under ``base``."""
+    """``text`` with every generated figure filled from the claims measured under ``base`` or from the results
+    file it names (relative to ``base``)."""
     cache: dict[Path, Any] = {}
 
     def filled(match: re.Match[str]) -> str:
-        claim_id, template = match.group(1), match.group(2)
-        result = evaluate(CATALOG.claim(claim_id), base, cache)
-        value = fill(template, result.values) if result.values else result.figure
-        return f'<!-- figure: {claim_id} "{template}" -->{value}<!-- /figure -->'
+        source, template = match.group(1), match.group(2)
+        if source.endswith(".json"):
+            value = file_figure(base / source, template, cache)
+        else:
+            result = evaluate(CATALOG.claim(source), base, cache)
+            value = fill(template, result.values) if result.values else result.figure
+        return f'<!-- figure: {source} "{template}" -->{value}<!-- /figure -->'
 
     return FIGURE.sub(filled, text)
 
