@@ -12,6 +12,7 @@ import torch
 
 from latentloop.eval.gap import gap_line, prior_posterior_gap
 from latentloop.eval.reasoners import evaluate_reasoner
+from latentloop.models.reasoners import ReasonerConfig, build_reasoner
 from latentloop.models.reasoners.base import ReasonerOutput
 from latentloop.tasks.base import get_task
 from latentloop.train.loop import train
@@ -30,7 +31,7 @@ class HandBuilt(torch.nn.Module):
         super().__init__()
         self.weight = torch.nn.Parameter(torch.zeros(1))
         self.prior_answers, self.vocab = prior_answers, vocab
-        self.config = types.SimpleNamespace(n_sup=3, halting="bce")
+        self.config = types.SimpleNamespace(n_sup=3, halting="bce", kl_reduce="sum", positions=25)
 
     def initial_carry(self, batch):
         return {"step": torch.zeros(len(batch["inputs"]))}
@@ -65,6 +66,28 @@ def test_the_gap_on_a_hand_built_model():
     assert gap["prior_halt_steps"] == 3.0  # never halts: the last step
     assert (gap["puzzles"], gap["steps"]) == (4, 3)
     assert "prior 0.500, posterior 1.000" in gap_line(gap)
+
+
+def test_the_gap_counts_the_kl_of_the_whole_latent_whatever_the_losss_reduction():
+    """A GRAM trained with the KL averaged over positions (``kl_reduce=mean``) spends the same nats as one with
+    the same weights that sums it: the gap compares runs, so it measures the whole latent's KL in both."""
+    task = get_task("nqueens", n=5)
+    models = []
+    for reduce in ("sum", "mean"):
+        config = ReasonerConfig(
+            vocab_size=3, seq_len=25, dim=16, n_heads=2, hidden=32, n_sup=2, kl_reduce=reduce
+        )
+        models.append(build_reasoner("gram", config))
+    with torch.no_grad():  # a posterior apart from its prior (they start equal)
+        for parameter in models[0].parameters():
+            parameter.add_(0.1 * torch.randn(parameter.shape, generator=torch.Generator().manual_seed(0)))
+    models[1].load_state_dict(models[0].state_dict())
+    boards = [task.encode(b).astype(np.int64) for b in task.solutions(np.zeros((5, 5), bool))][:4]
+    empty = task.encode(np.zeros((5, 5), bool)).astype(np.int64)
+    split = {"inputs": np.stack([empty] * 4), "labels": np.stack(boards), "puzzle_ids": np.arange(4)}
+    summed, averaged = (prior_posterior_gap(model, task, split) for model in models)
+    assert summed["kl"] > 0
+    assert averaged["kl_per_step"] == pytest.approx(summed["kl_per_step"], rel=1e-5)
 
 
 def test_a_model_without_a_posterior_is_refused():

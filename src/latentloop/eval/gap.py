@@ -53,6 +53,8 @@ def prior_posterior_gap(
     batch = {"inputs": torch.from_numpy(inputs).to(device)}
     target = torch.from_numpy(labels).to(device)
     steps = steps or model.config.n_sup
+    # nats of the whole latent whatever the loss's reduction: a KL averaged over positions is summed again
+    per_sample = model.config.positions if model.config.kl_reduce == "mean" else 1
     was_training = model.training
     model.eval()
     result: dict[str, Any] = {"puzzles": len(rows), "steps": steps}
@@ -66,7 +68,7 @@ def prior_posterior_gap(
                 carry, out = model(carry, batch, target=guide)
                 halts = halt_decision(out.halt_logit, out.continue_logit, model.config.halting)
                 halted_at = torch.where(halts & (halted_at == steps), step + 1, halted_at)
-                kl.append(float(out.kl.float().mean()))
+                kl.append(float(out.kl.float().mean()) * per_sample)
             answers = out.logits.argmax(-1).cpu().numpy()
             result[f"{name}_valid"] = float(np.mean(answers_valid(task, inputs, answers, labels)))
             result[f"{name}_halt_steps"] = float(halted_at.float().mean())
