@@ -30,6 +30,7 @@ SUDOKU9 = "8.6.54.7.92.78....1.....43...1.4.8..45..671..7.2....9....3.52.15.72.8
 def test_sudoku_and_nqueens_models_ship():
     assert {"sudoku", "nqueens"} <= set(SHIPPED)
     assert {"sudoku6-trm", "sudoku9-gram"} <= set(VARIANTS)  # one Sudoku model per puzzle size
+    assert {"nqueens8-gram", "nqueens10-gram"} <= set(VARIANTS)
 
 
 @pytest.mark.parametrize("name", sorted(VARIANTS))
@@ -43,8 +44,14 @@ def test_a_shipped_model_is_the_model_its_run_config_describes(name):
     assert sum(f.stat().st_size for f in folder.iterdir()) < 8 * 2**20  # a few MB
 
 
+# The share of 20 held-out puzzles each shipped model must solve at its shipped setting: most, except the 10x10
+# N-Queens GRAM, which solves about two in five of its test boards (docs/RESULTS.md#nqueens10) and 11 of these 20
+# on the reference machine; the floor leaves room for another CPU's rounding.
+SOLVED_AT_LEAST = {"nqueens10-gram": 0.35}
+
+
 @pytest.mark.parametrize("name", sorted(VARIANTS))
-def test_a_shipped_model_solves_most_held_out_puzzles(name):
+def test_a_shipped_model_solves_held_out_puzzles_at_its_level(name):
     folder = VARIANTS[name]
     spec = pretrained_task_spec(folder)
     the_task = get_task(*parse_task_spec(spec)[:1], **parse_task_spec(spec)[1])
@@ -57,7 +64,7 @@ def test_a_shipped_model_solves_most_held_out_puzzles(name):
     setting = {"samples": 4, **pretrained_solve_settings(folder)}  # the setting `solve` ships with, if any
     torch.manual_seed(0)  # the samples' noise: the count must not depend on what ran before
     solved = [solve_puzzle(str(folder), the_task, p, model_task=spec, **setting)[2] for p in puzzles.values()]
-    assert np.mean(solved) >= 0.5, solved
+    assert np.mean(solved) >= SOLVED_AT_LEAST.get(name, 0.5), solved
 
 
 def test_solve_without_a_solver_flag_uses_the_shipped_model(capsys):
@@ -96,6 +103,28 @@ def test_a_9x9_puzzle_is_solved_by_the_9x9_model_at_the_setting_it_ships_with(ca
     capsys.readouterr()
     main(["solve", "sudoku", SUDOKU9, "--samples", "1", "--state-noise", "0", "--json"])
     assert json.loads(capsys.readouterr().out)["samples"] == 1
+
+
+def test_the_board_picks_the_nqueens_model_and_so_do_the_options(capsys):
+    """A 10x10 board goes to the 10x10 GRAM at the setting it ships with, an 8x8 board to the 8x8 one, also when
+    its size is given as an option; a size no model takes is a one-line error naming the shipped ones."""
+    board10 = "." * 13 + "Q" + "." * 22 + "Q" + "." * 30 + "Q" + "." * 32  # held out
+    assert main(["solve", "nqueens", board10, "--json"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert payload["valid"] and len(payload["answer"]) == 100
+    assert payload["samples"] == pretrained_solve_settings(VARIANTS["nqueens10-gram"])["samples"]
+    assert main(["check", "nqueens:n=10", board10, payload["answer"]]) == 0
+    capsys.readouterr()
+    board8 = "." * 16 + "Q" + "." * 47
+    for task in ("nqueens", "nqueens:n=8"):
+        assert main(["solve", task, board8, "--samples", "20", "--select", "value", "--json"]) == 0
+        payload = json.loads(capsys.readouterr().out)
+        assert payload["valid"] and len(payload["answer"]) == 64
+    assert main(["solve", "nqueens:n=9", "." * 81]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert (
+        len(err) == 1 and "no shipped model takes nqueens:n=9" in err[0] and "nqueens:n=10,k=7;8;9" in err[0]
+    )
 
 
 def test_a_task_without_a_shipped_model_names_the_alternatives():

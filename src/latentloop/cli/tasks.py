@@ -14,7 +14,7 @@ import typer
 
 from latentloop.cli.app import REVISION, app, data_app
 from latentloop.errors import UsageError
-from latentloop.tasks.base import Task, get_task, parse_task_spec
+from latentloop.tasks.base import Task, format_task_spec, get_task, parse_task_spec
 
 _EXTRA = {"allow_extra_args": True, "ignore_unknown_options": True}
 
@@ -163,6 +163,15 @@ _STATE_NOISE = typer.Option(
 )
 
 
+def _shipped(task: str) -> str:
+    """What the shipped models of ``task`` take, for an error about a puzzle none of them takes."""
+    from latentloop.pretrained import pretrained_task_spec, pretrained_variants
+
+    shipped = [pretrained_task_spec(path) for path in pretrained_variants()[task]]
+    takes_what = "models take" if len(shipped) > 1 else "model takes"
+    return f"(the pretrained {task} {takes_what} {' or '.join(shipped)} puzzles; use --exact or --model RUN for others)"
+
+
 def _choose_model(
     ctx: typer.Context,
     the_task: Task,
@@ -182,14 +191,22 @@ def _choose_model(
             pretrained_task_spec,
         )
 
-        def takes(folder: Path) -> bool:  # the shipped model whose puzzle size this puzzle has
+        def takes(folder: Path) -> bool:  # the shipped model whose task options and puzzle size these are
+            spec = pretrained_task_spec(folder)
+            shipped = parse_task_spec(spec)[1]
+            if any(key in shipped and shipped[key] != str(value) for key, value in options.items()):
+                return False
             try:
-                _task(pretrained_task_spec(folder), ctx)[0].parse(puzzle)
+                _task(spec, ctx)[0].parse(puzzle)
             except UsageError:
                 return False
             return True
 
-        pretrained = pretrained_model(the_task.name, fits=None if options else takes)
+        pretrained = pretrained_model(the_task.name, fits=takes)
+        if options and not takes(pretrained):
+            raise UsageError(
+                f"no shipped model takes {format_task_spec(the_task.name, options)} {_shipped(the_task.name)}"
+            )
         model = str(pretrained)
         if not options:  # the shipped model fixes the puzzle size (e.g. 6x6 Sudoku)
             the_task, _ = _task(pretrained_task_spec(pretrained), ctx)
@@ -246,14 +263,7 @@ def solve(
     except UsageError as error:
         if pretrained is None:
             raise
-        from latentloop.pretrained import pretrained_task_spec, pretrained_variants
-
-        shipped = [pretrained_task_spec(path) for path in pretrained_variants()[the_task.name]]
-        takes_what = "models take" if len(shipped) > 1 else "model takes"
-        raise UsageError(
-            f"{error} (the pretrained {the_task.name} {takes_what} {' or '.join(shipped)} puzzles; use --exact or "
-            "--model RUN for others)"
-        ) from None
+        raise UsageError(f"{error} {_shipped(the_task.name)}") from None
     if exact:
         payload, text, solved = the_task.solve_exact(the_puzzle, all_, limit)
     else:
