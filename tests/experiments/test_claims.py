@@ -132,8 +132,8 @@ def test_the_committed_statuses():
     assert found["unconditional-sudoku"] == PARTLY  # 6x6 99.2 / 97.7; 9x9 98.0 / 92.6, seed 1 below 99.05 - 5
     assert found["unconditional-digits"] == REPRODUCED  # GRAM FD 23.9 / 21.2 on both seeds, MDLM 62.0
     assert found["arc-agi-1"] == NOT
-    assert found["nq10"] == PARTLY  # GRAM 15.0 / 27.2 against TRM 0 / 0, far below the paper's 89.7
-    assert found["nq10-gram-vs-generative"] == NOT  # GRAM 15.0 by vote, AR 29.0, MDLM 19.0
+    assert found["nq10"] == PARTLY  # GRAM 32.0 / 16.4 and 41.0 / 20.5 against TRM 0 / 0; paper 89.7
+    assert found["nq10-gram-vs-generative"] == REPRODUCED  # GRAM 32.0 and 41.0 by vote, AR 29.0, MDLM 19.0
     assert found["gc10"] == REPRODUCED  # GRAM 89 / 81.5 and 87 / 81.9 (two seeds) against TRM 584 / 3.1
     assert found["gc10-gram-vs-generative"] == PARTLY  # GRAM 89 and 176: fewer than AR 185, not MDLM 8
     assert found["sudoku9-depth"] == REPRODUCED  # TRM 0 -> 52.8 and 0 -> 54.2
