@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Trains the small models shipped in src/latentloop/resources/pretrained/ and copies them into the package.
-# The shipped files are the final checkpoints of three runs: TRM of `latentloop run sudoku-scaling` and
+# The shipped files are the final checkpoints of four runs: TRM of `latentloop run sudoku-scaling` and
 # GRAM's long N-Queens run (configs/nqueens8-gram-long.yaml, docs/RESULTS.md, with the value head `latentloop
 # fit-value` fitted to its samples), both stopped at their time budgets, and GRAM gram-hybrid-seed-0 of
-# `latentloop run sudoku9` (its whole schedule). Each command below replays exactly the
+# `latentloop run sudoku9` (its whole schedule) and GRAM of `latentloop run nqueens10` (its whole schedule, with the
+# value head it trained on its prior's samples). Each command below replays exactly the
 # batches its run trained (`--stop-at`, the same config, seed and learning-rate schedule; training is
 # deterministic on one machine and thread count, and resumes exactly), without depending on how fast the
 # machine is. The N-Queens model takes about four hours on two cores.
@@ -50,3 +51,19 @@ YAML
 .venv/bin/latentloop train --config configs/nqueens8-gram-long.yaml --stop-at 15380 --out runs/pretrained/nqueens8-gram
 .venv/bin/latentloop fit-value runs/pretrained/nqueens8-gram
 ship runs/pretrained/nqueens8-gram nqueens8-gram
+
+# N-Queens 10x10: GRAM of `latentloop run nqueens10` (seed 0, its 2,920 batches on one thread), trained along the
+# prior's trajectory (configs/nqueens10-gram.yaml), with the value head it learned from the verifier's verdict on
+# its prior's answers; solved with 20 samples of 16 steps answered by that head, the setting chosen on the 200
+# validation boards of its exploration runs (docs/results/gram-larger-puzzles-exploration).
+OMP_NUM_THREADS=1 .venv/bin/latentloop train --config configs/nqueens10-gram.yaml --out runs/pretrained/nqueens10-gram \
+  train.eval_every=0
+ship runs/pretrained/nqueens10-gram nqueens10-gram
+cat > src/latentloop/resources/pretrained/nqueens10-gram/solve.yaml <<'YAML'
+# The setting `latentloop solve nqueens BOARD` uses with this model on 10x10 boards, chosen on the 200 validation
+# boards of its recipe's exploration runs (docs/results/gram-larger-puzzles-exploration: `latentloop eval RUN
+# --split validation --samples 20 --steps 16`, by the value head).
+steps: 16
+samples: 20
+select: value
+YAML
