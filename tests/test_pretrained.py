@@ -187,6 +187,21 @@ def test_a_task_may_ship_one_model_per_puzzle_size_and_the_puzzle_picks_it(tmp_p
     assert pretrained_model("sudoku", None, tmp_path) == tmp_path / "sudoku6"
 
 
+def test_a_tasks_shipped_models_come_in_natural_order_and_the_first_is_its_default(tmp_path):
+    """Numbers in the folder names read as numbers, so the 8x8 model stays the default beside the 10x10 one:
+    code that asks for ``pretrained_model("nqueens")`` with an 8x8 board keeps working."""
+    for name, n in (("nqueens10-gram", 10), ("nqueens8-gram", 8)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "run.yaml").write_text(f"task:\n  name: nqueens\n  n: {n}\n")
+        (tmp_path / name / "model.safetensors").write_bytes(b"")
+    assert [path.name for path in pretrained_variants(tmp_path)["nqueens"]] == [
+        "nqueens8-gram",
+        "nqueens10-gram",
+    ]
+    assert pretrained_model("nqueens", None, tmp_path) == tmp_path / "nqueens8-gram"
+    assert pretrained_models(tmp_path) == {"nqueens": tmp_path / "nqueens8-gram"}
+
+
 def test_a_shipped_models_task_spec_reads_back_its_list_options(tmp_path):
     """A run trained on several numbers of removed queens (``k: [7, 8, 9]``) names its task so that the spec
     parses back to the same task: a comma inside the list would split it into options."""

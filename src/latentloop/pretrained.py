@@ -9,6 +9,7 @@ validation split). ``scripts/pretrained.sh`` retrains them by replaying the same
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,11 +28,16 @@ def pretrained_models(folder: Path = PRETRAINED_DIR) -> dict[str, Path]:
     return found
 
 
+def _natural_order(path: Path) -> list[tuple[int, int | str]]:
+    return [(0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", path.name)]
+
+
 def pretrained_variants(folder: Path = PRETRAINED_DIR) -> dict[str, list[Path]]:
-    """Task name -> every shipped model's folder of that task, in name order: a task may ship one model per
-    puzzle size (6x6 and 9x9 Sudoku)."""
+    """Task name -> every shipped model's folder of that task, in name order with numbers read as numbers
+    (``nqueens8-gram`` before ``nqueens10-gram``): a task may ship one model per puzzle size (6x6 and 9x9
+    Sudoku; 8x8 and 10x10 N-Queens), and the first is its default."""
     found: dict[str, list[Path]] = {}
-    for path in sorted(folder.iterdir()) if folder.is_dir() else []:
+    for path in sorted(folder.iterdir(), key=_natural_order) if folder.is_dir() else []:
         if (path / "run.yaml").is_file() and (path / "model.safetensors").is_file():
             found.setdefault(str(load_yaml(path / "run.yaml")["task"]["name"]), []).append(path)
     return found
