@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from latentloop.models.ouro import OuroConfig, OuroLM
 
 # official suffix inside ``model.layers.{i}.`` -> latentloop's (for the keys that are only renamed)
-_RENAMED = {
+RENAMED = {
     "self_attn.o_proj.weight": "attn.proj.weight",
     "mlp.down_proj.weight": "mlp.proj.weight",
     "input_layernorm.weight": "norm_1.weight",
@@ -34,7 +34,7 @@ _RENAMED = {
     "post_attention_layernorm_2.weight": "norm_4.weight",
 }
 # latentloop's fused matrix -> the official matrices stacked in it, in order
-_FUSED = {
+FUSED = {
     "attn.Wqkv.weight": ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"),
     "mlp.fc.weight": ("mlp.gate_proj.weight", "mlp.up_proj.weight"),
 }
@@ -45,9 +45,9 @@ def to_official(state: dict[str, torch.Tensor], layers: int) -> dict[str, torch.
     out = {k: v for k, v in state.items() if not k.startswith("model.layers.")}
     for i in range(layers):
         prefix = f"model.layers.{i}."
-        for official, ours in _RENAMED.items():
+        for official, ours in RENAMED.items():
             out[prefix + official] = state[prefix + ours]
-        for ours, parts in _FUSED.items():
+        for ours, parts in FUSED.items():
             for name, piece in zip(parts, state[prefix + ours].chunk(len(parts), dim=0), strict=True):
                 out[prefix + name] = piece
     return out
@@ -58,9 +58,9 @@ def from_official(state: dict[str, torch.Tensor], layers: int) -> dict[str, torc
     out = {k: v for k, v in state.items() if not k.startswith("model.layers.")}
     for i in range(layers):
         prefix = f"model.layers.{i}."
-        for official, ours in _RENAMED.items():
+        for official, ours in RENAMED.items():
             out[prefix + ours] = state[prefix + official]
-        for ours, parts in _FUSED.items():
+        for ours, parts in FUSED.items():
             out[prefix + ours] = torch.cat([state[prefix + name] for name in parts], dim=0)
     return out
 

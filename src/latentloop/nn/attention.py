@@ -51,6 +51,21 @@ class Attention(nn.Module):
         self.qk_bias = nn.Parameter(torch.zeros(2, 1, n_heads, self.head_dim)) if qk_bias else None
         self.proj = Linear(dim, dim, bias=bias)
 
+    def project(
+        self, x: torch.Tensor, rope: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries, keys (biased, then rotated) and values of ``x`` [B, S, dim], each [B, S, heads, head_dim]."""
+        batch, length, _ = x.shape
+        qkv = self.Wqkv(x).view(batch, length, 3, self.n_heads, self.head_dim)
+        # Queries and keys are biased and rotated together: [B, S, 2, heads, head_dim].
+        qk = qkv[:, :, :2]
+        if self.qk_bias is not None:
+            qk = qk + self.qk_bias.view(2, self.n_heads, self.head_dim)
+        if rope is not None:
+            qk = apply_rope(qk, rope.unsqueeze(2), self.rope_halves)
+        q, k = qk.unbind(2)
+        return q, k, qkv[:, :, 2]
+
     def forward(
         self,
         x: torch.Tensor,
@@ -60,15 +75,7 @@ class Attention(nn.Module):
         kv_hook: KVHook | None = None,
     ) -> torch.Tensor:
         batch, length, dim = x.shape
-        qkv = self.Wqkv(x).view(batch, length, 3, self.n_heads, self.head_dim)
-        # Queries and keys are biased and rotated together: [B, S, 2, heads, head_dim].
-        qk = qkv[:, :, :2]
-        if self.qk_bias is not None:
-            qk = qk + self.qk_bias.view(2, self.n_heads, self.head_dim)
-        if rope is not None:
-            qk = apply_rope(qk, rope.unsqueeze(2), self.rope_halves)
-        q, k = qk.transpose(1, 3).unbind(2)
-        v = qkv[:, :, 2].transpose(1, 2)
+        q, k, v = (t.transpose(1, 2) for t in self.project(x, rope))
         if kv_hook is not None:
             k, v = kv_hook(k, v)
         if mask is not None and length == 1 and torch.compiler.is_compiling():
