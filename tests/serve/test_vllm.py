@@ -8,7 +8,10 @@ there); elsewhere the file is skipped.
 from __future__ import annotations
 
 import gc
+import json
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -131,3 +134,50 @@ def test_a_config_the_plugin_cannot_serve_fails_with_its_reason(huginn, tmp_path
     _, folder = huginn
     with pytest.raises(Exception, match="mean_recurrence must be at least 1"):
         served(folder, prompts(1), mean_recurrence=0)
+
+
+TENSOR_PARALLEL = """
+import json, sys
+from vllm import LLM, SamplingParams
+
+if __name__ == "__main__":
+    folder, requests, overrides, new_tokens = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3]), int(sys.argv[4])
+    llm = LLM(folder, dtype="float32", skip_tokenizer_init=True, max_model_len=128, enforce_eager=True,
+              tensor_parallel_size=2, hf_overrides=overrides)
+    params = SamplingParams(max_tokens=new_tokens, temperature=0, detokenize=False, ignore_eos=True)
+    outputs = llm.generate([{"prompt_token_ids": p} for p in requests], params, use_tqdm=False)
+    print("tokens:", json.dumps([list(o.outputs[0].token_ids) for o in outputs]))
+"""
+
+
+@pytest.mark.parametrize("family", ["huginn", "ouro"])
+def test_two_tensor_parallel_ranks_give_the_same_tokens(family, huginn, ouro, tmp_path):
+    # Each rank holds half of every layer's heads (the qk bias too) and of the MLP; one worker per core.
+    model, folder = huginn if family == "huginn" else ouro
+    overrides = (
+        {"mean_recurrence": 3} if family == "huginn" else {"total_ut_steps": 4, "early_exit_threshold": 0.5}
+    )
+    settings = (
+        dict(num_steps=3, init_scale=0.0) if family == "huginn" else dict(num_steps=4, exit="gate-full:0.5")
+    )
+    requests = prompts(4)
+    script = tmp_path / "tensor_parallel.py"
+    script.write_text(TENSOR_PARALLEL)
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1", "VLLM_CPU_OMP_THREADS_BIND": "0|1"}
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(script),
+            str(folder),
+            json.dumps(requests),
+            json.dumps(overrides),
+            str(NEW_TOKENS),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    served = [line.removeprefix("tokens:") for line in done.stdout.splitlines() if line.startswith("tokens:")]
+    assert json.loads(served[-1]) == [alone(model, p, **settings) for p in requests]

@@ -29,7 +29,7 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
 import torch
 
 from latentloop.benchmarks.serving import RANDOM_SHAPES, random_model
-from latentloop.errors import ArgumentParser, UsageError
+from latentloop.errors import ArgumentParser, UsageError, whole_number
 from latentloop.io import atomic_write_text
 from latentloop.models.generation import generate
 from latentloop.models.looped_lms import load_looped_lm
@@ -100,17 +100,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--random", choices=sorted(RANDOM_SHAPES), required=True, help="a random model's layout"
     )
-    parser.add_argument("--requests", type=int, default=16, help="concurrent requests")
-    parser.add_argument("--max-tokens", type=int, default=64, help="new tokens per request")
+    parser.add_argument("--requests", type=whole_number(1), default=16, help="concurrent requests")
+    parser.add_argument("--max-tokens", type=whole_number(1), default=64, help="new tokens per request")
     parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats (the median is reported)")
     parser.add_argument(
         "--threads", type=int, default=torch.get_num_threads(), help="torch threads of generate"
     )
     parser.add_argument("--output", type=Path, help="also write the JSON here")
     args = parser.parse_args(argv)
-    for name in ("requests", "max_tokens", "repeats", "threads"):
-        if getattr(args, name) < 1:
-            parser.error(f"argument --{name.replace('_', '-')}: must be at least 1")
     if vllm is None:
         print(
             "error: vLLM is not installed: run scripts/setup-vllm.sh, then use .venv-vllm/bin/python",
