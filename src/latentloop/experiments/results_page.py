@@ -348,9 +348,13 @@ def render_figures(text: str, base: Path) -> str:
 
 
 def results_base(path: Path) -> Path:
-    """The folder whose results files a markdown page's figures read: its own when it sits beside RESULTS.md
-    (docs/), else its docs/ folder (the README)."""
-    return path.parent if (path.parent / "RESULTS.md").is_file() else path.parent / "docs"
+    """The folder whose results files a markdown page's figures read: the nearest folder above the page that
+    holds RESULTS.md (docs/, for its pages and the READMEs of docs/results/), else the page's docs/ folder (the
+    README)."""
+    for folder in path.resolve().parents:
+        if (folder / "RESULTS.md").is_file():
+            return folder
+    return path.parent / "docs"
 
 
 def regenerate(path: Path) -> bool:
