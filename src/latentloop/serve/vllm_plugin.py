@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from transformers import AutoConfig, PretrainedConfig
+from vllm import ModelRegistry
 
 MODELS = {
     "RavenForCausalLM": "latentloop.serve.vllm_models:HuginnForCausalLM",
@@ -71,8 +72,6 @@ class OuroConfig(PretrainedConfig):
 
 def register() -> None:
     """Register both configs with transformers and both models with vLLM (models load lazily, by name)."""
-    from vllm import ModelRegistry
-
     AutoConfig.register(HuginnConfig.model_type, HuginnConfig, exist_ok=True)
     AutoConfig.register(OuroConfig.model_type, OuroConfig, exist_ok=True)
     for architecture, model in MODELS.items():
