@@ -130,7 +130,7 @@ def test_ouro_exit_gate_picks_each_tokens_step_as_the_reference_does(ouro, thres
     assert served(folder, requests, total_ut_steps=4, early_exit_threshold=threshold) == expected
 
 
-def test_a_config_the_plugin_cannot_serve_fails_with_its_reason(huginn, tmp_path):
+def test_a_config_the_plugin_cannot_serve_fails_with_its_reason(huginn):
     _, folder = huginn
     with pytest.raises(Exception, match="mean_recurrence must be at least 1"):
         served(folder, prompts(1), mean_recurrence=0)

@@ -44,13 +44,13 @@ from latentloop.nn.rope import apply_rope
 
 class LoopedAttention(nn.Module):
     """Self-attention whose projections are shared by every loop step, with one vLLM :class:`Attention` (one
-    paged cache) per step. ``qk_bias``: huginn's learned offset added to queries and keys before RoPE."""
+    paged cache) per step, named by ``layer_names``. ``qk_bias``: huginn's learned offset added to queries and
+    keys before RoPE."""
 
     def __init__(
         self,
         dim: int,
         n_heads: int,
-        steps: int,
         layer_names: list[str],
         vllm_config: VllmConfig,
         *,
@@ -77,7 +77,7 @@ class LoopedAttention(nn.Module):
                 cache_config=vllm_config.cache_config,
                 prefix=name,
             )
-            for name in layer_names[:steps]
+            for name in layer_names
         )
 
     def _load_qk_bias(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
@@ -219,7 +219,7 @@ class HuginnForCausalLM(_LoopedForCausalLM):
         def block(part: str, index: int, steps: int) -> LoopedBlock:
             where = f"transformer.{part}.{index}"
             attention = LoopedAttention(
-                h, heads, steps, names.take(steps), vllm_config, qk_bias=config.qk_bias, prefix=where
+                h, heads, names.take(steps), vllm_config, qk_bias=config.qk_bias, prefix=where
             )
             return LoopedBlock("sandwich", h, heads, config.intermediate_size, eps, attention, prefix=where)
 
@@ -297,9 +297,8 @@ class OuroForCausalLM(_LoopedForCausalLM):
         def layer(index: int) -> LoopedBlock:
             where = f"model.layers.{index}"
             attention = LoopedAttention(
-                h, heads, self.depth, names.take(self.depth), vllm_config, rope_halves=True,
-                prefix=where,
-            )  # fmt: skip
+                h, heads, names.take(self.depth), vllm_config, rope_halves=True, prefix=where
+            )
             return LoopedBlock("peri-norm", h, heads, config.intermediate_size, eps, attention, prefix=where)
 
         self.model = nn.ModuleDict(

@@ -9,15 +9,28 @@ code, and name the sizes vLLM asks every config for (hidden size, heads, context
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from transformers import AutoConfig, PretrainedConfig
 from vllm import ModelRegistry
 
+from latentloop.models.ouro import OuroConfig as LatentloopOuroConfig
+from latentloop.models.recurrent_depth import RecurrentDepthConfig
+
 MODELS = {
     "RavenForCausalLM": "latentloop.serve.vllm_models:HuginnForCausalLM",
     "OuroForCausalLM": "latentloop.serve.vllm_models:OuroForCausalLM",
 }
+
+
+def defaults(config: type) -> dict[str, Any]:
+    """The sizes latentloop's config dataclass ``config`` takes when a ``config.json`` leaves them out."""
+    return {
+        f.name: f.default
+        for f in dataclasses.fields(config)
+        if f.default is not dataclasses.MISSING and f.name not in ("model_type", "extra")
+    }
 
 
 class HuginnConfig(PretrainedConfig):
@@ -31,18 +44,8 @@ class HuginnConfig(PretrainedConfig):
     }
 
     def __init__(self, **kwargs: Any) -> None:
-        kwargs.setdefault("n_embd", 256)
-        kwargs.setdefault("n_heads", 4)
-        kwargs.setdefault("block_size", 512)
-        kwargs.setdefault("mean_recurrence", 8)
-        kwargs.setdefault("n_layers_in_prelude", 1)
-        kwargs.setdefault("n_layers_in_recurrent_block", 2)
-        kwargs.setdefault("n_layers_in_coda", 1)
-        kwargs.setdefault("qk_bias", True)
-        kwargs.setdefault("bias", False)
-        kwargs.setdefault("norm_eps", 1e-6)
-        kwargs.setdefault("rope_base", 50_000.0)
-        kwargs["vocab_size"] = kwargs.get("padded_vocab_size", kwargs.get("vocab_size", 512))
+        kwargs = {**defaults(RecurrentDepthConfig), **kwargs}
+        kwargs["vocab_size"] = kwargs.get("padded_vocab_size", kwargs["vocab_size"])
         kwargs["num_key_value_heads"] = kwargs["n_heads"]
         kwargs["head_dim"] = kwargs["n_embd"] // kwargs["n_heads"]
         # Every loop step keeps its own cache: vLLM counts the layers it allocates caches for.
@@ -51,7 +54,7 @@ class HuginnConfig(PretrainedConfig):
             + kwargs["n_layers_in_recurrent_block"] * int(kwargs["mean_recurrence"])
             + kwargs["n_layers_in_coda"]
         )
-        kwargs["tie_word_embeddings"] = bool(kwargs.get("tie_embeddings", True))
+        kwargs["tie_word_embeddings"] = bool(kwargs["tie_embeddings"])
         super().__init__(**kwargs)
 
 
@@ -61,12 +64,8 @@ class OuroConfig(PretrainedConfig):
     model_type = "ouro"
 
     def __init__(self, **kwargs: Any) -> None:
-        kwargs.setdefault("total_ut_steps", 4)
-        kwargs.setdefault("early_exit_threshold", 1.0)
-        kwargs.setdefault("rope_theta", 1_000_000.0)
-        kwargs.setdefault("rms_norm_eps", 1e-6)
-        kwargs.setdefault("num_key_value_heads", kwargs.get("num_attention_heads"))
-        kwargs.setdefault("tie_word_embeddings", False)
+        kwargs = {**defaults(LatentloopOuroConfig), **kwargs}
+        kwargs.setdefault("num_key_value_heads", kwargs["num_attention_heads"])
         super().__init__(**kwargs)
 
 
