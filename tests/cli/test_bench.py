@@ -128,3 +128,14 @@ def test_a_negative_or_zero_count_is_one_line_and_exit_2_for_every_script(capsys
         assert main(["bench", *args]) == 2, args
         err = capsys.readouterr().err.strip().splitlines()
         assert err == [f"error: {message} (see --help)"], args
+
+
+def test_the_clients_benchmark_refuses_what_it_cannot_score(tmp_path, capsys, gram_run):
+    for argv, message in (
+        (["--model", str(tmp_path / "nowhere")], "does not exist"),
+        (["--model", str(gram_run)], "not arithmetic"),
+        (["--model", str(gram_run), "--depths", "1,0"], "must be at least 1"),
+    ):
+        assert main(["bench", "serving_clients", *argv]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0], err

@@ -30,7 +30,7 @@ def generate(
     temperature: float = typer.Option(0.0, "--temperature", help="0 is greedy; above 0 samples."),
     seed: int = typer.Option(0, "--seed", help="Seed for the initial states and sampling."),
     tokenizer: str = typer.Option(
-        None, "--tokenizer", help="tokenizer.json (default: the model's, else bytes)."
+        None, "--tokenizer", help="tokenizer.json (default: the model's, else its run's, else bytes)."
     ),
     as_json: bool = typer.Option(
         False, "--json", help="Print text, tokens, tokens/s and mean iterations as JSON."
@@ -41,8 +41,8 @@ def generate(
     beyond the first four are GenerationConfig's fields."""
     import torch
 
-    from latentloop.data.tokenizers import load_tokenizer
     from latentloop.hub import resolve_model
+    from latentloop.infer.runs import lm_tokenizer
     from latentloop.models.generation import generate as run_generation
     from latentloop.models.looped_lms import load_looped_lm
     from latentloop.train.checkpoint import resolve_checkpoint
@@ -59,8 +59,7 @@ def generate(
     config = GenerationConfig(do_sample=temperature > 0, temperature=temperature or 1.0, **settings)
     folder = resolve_checkpoint(resolve_model(model, revision))
     lm = load_looped_lm(folder)
-    tok_spec = tokenizer or (folder / "tokenizer.json" if (folder / "tokenizer.json").is_file() else None)
-    tok = load_tokenizer(tok_spec)
+    tok = lm_tokenizer(folder, tokenizer)
     ids = tok.encode(prompt)
     if not ids:
         raise UsageError("the prompt encodes to no tokens")

@@ -60,7 +60,7 @@ def harness(
         0.0, "--init-scale", help="Scale of the random initial state (0 = zeros: deterministic scores)."
     ),
     tokenizer: str = typer.Option(
-        None, "--tokenizer", help="tokenizer.json (default: the model's, else bytes)."
+        None, "--tokenizer", help="tokenizer.json (default: the model's, else its run's, else bytes)."
     ),
     device: str = typer.Option("cpu", "--device", help="cpu, cuda, cuda:1, ..."),
     bootstrap_iters: int = typer.Option(

@@ -1,4 +1,5 @@
-"""``latentloop serve``: an OpenAI-compatible server for a looped LM, with the depth and exit each request asks."""
+"""``latentloop serve``: an OpenAI-compatible server for a looped LM, with the depth and exit each request asks;
+``latentloop export``: a looped LM with its tokenizer as one folder that servers load."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ def serve(
         None, "--served-model-name", help="The name clients ask for (default: the model argument)."
     ),
     tokenizer: str = typer.Option(
-        None, "--tokenizer", help="tokenizer.json (default: the model's, else bytes)."
+        None, "--tokenizer", help="tokenizer.json (default: the model's, else its run's, else bytes)."
     ),
     chat_template: Path = typer.Option(
         None,
@@ -88,3 +89,28 @@ def serve(
     )
     typer.echo(f"serving {served.name} on http://{host}:{port}/v1 (max batch {max_batch})", err=True)
     uvicorn.run(create_app(served), host=host, port=port, log_level="warning", timeout_graceful_shutdown=60)
+
+
+@app.command("export")
+def export(
+    model: str = typer.Argument(
+        ..., help="A run folder, a checkpoint folder (config.json + model.safetensors), or a Hub model id."
+    ),
+    out: Path = typer.Option(..., "--out", help="The folder to write (must not exist, or be empty)."),
+    revision: str = REVISION,
+    tokenizer: str = typer.Option(
+        None, "--tokenizer", help="tokenizer.json (default: the model's, else its run's, else bytes)."
+    ),
+    chat_template: Path = typer.Option(
+        None,
+        "--chat-template",
+        help="A Jinja chat template file (default: tokenizer_config.json's chat_template beside the model).",
+    ),
+) -> None:
+    """Write a looped LM with its tokenizer as one folder that `vllm serve`, transformers' AutoTokenizer,
+    `latentloop serve` and `hf upload` take as it is: the weights in the family's official layout,
+    tokenizer.json and tokenizer_config.json (with the chat template); docs/serving.md."""
+    from latentloop.serve.export import export_lm
+
+    folder = export_lm(model, out, tokenizer=tokenizer, chat_template=chat_template, revision=revision)
+    typer.echo(f"wrote {folder}")

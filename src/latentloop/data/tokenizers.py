@@ -11,6 +11,11 @@ Byte-level ids (:class:`ByteTokenizer`):
 
 so ``vocab_size`` is 259 and any text round-trips exactly. Models may have a larger (padded) vocabulary; the
 extra rows are simply never used.
+
+:func:`save_hf_tokenizer` writes any of them as the ``tokenizer.json`` and ``tokenizer_config.json`` that
+transformers' ``AutoTokenizer`` and vLLM load. The byte-level one becomes a byte-level BPE without merges, with
+the same ids; as in every Hugging Face tokenizer, text that spells a special token (``<eos>``) then reads as that
+token.
 """
 
 from __future__ import annotations
@@ -20,8 +25,10 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 
 from tokenizers import Tokenizer as _HF
+from tokenizers import decoders, models, pre_tokenizers
 
 from latentloop.errors import UsageError
+from latentloop.io import atomic_write_text
 
 
 class Tokenizer(ABC):
@@ -45,6 +52,11 @@ class Tokenizer(ABC):
         """One token's text, a special token's spelling where it decodes to nothing (``<eos>``)."""
         return self.decode([token_id]) or f"<{token_id}>"
 
+    @abstractmethod
+    def hf_tokenizer(self, vocab_size: int | None = None) -> _HF:
+        """The same tokenizer as a ``tokenizers.Tokenizer`` (what a ``tokenizer.json`` holds); ``vocab_size``
+        pads it with unused special tokens up to a model's padded vocabulary."""
+
 
 class ByteTokenizer(Tokenizer):
     """UTF-8 bytes as ids 0-255, then ``<pad>`` 256, ``<bos>`` 257, ``<eos>`` 258 (see the module docstring)."""
@@ -67,6 +79,27 @@ class ByteTokenizer(Tokenizer):
     def token_text(self, token_id: int) -> str:
         special = {self.PAD: "<pad>", self.BOS: "<bos>", self.EOS: "<eos>"}
         return special.get(token_id) or super().token_text(token_id)
+
+    def hf_tokenizer(self, vocab_size: int | None = None) -> _HF:
+        """A byte-level BPE without merges: each byte is its own token, under the id it has here."""
+        tok = _HF(models.BPE(vocab={char: i for i, char in enumerate(byte_alphabet())}, merges=[]))
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+        tok.decoder = decoders.ByteLevel()
+        unused = [f"<unused_{i}>" for i in range(self.vocab_size, vocab_size or self.vocab_size)]
+        tok.add_special_tokens(["<pad>", "<bos>", "<eos>", *unused])
+        return tok
+
+
+def byte_alphabet() -> list[str]:
+    """The character that stands for each byte 0-255 in a byte-level ``tokenizer.json`` (GPT-2's map: the
+    printable Latin-1 bytes stand for themselves, the others for the code points from 256 up, in byte order)."""
+    printable = {
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    }
+    others = iter(range(256, 512))
+    return [chr(byte) if byte in printable else chr(next(others)) for byte in range(256)]
 
 
 # Common spellings of special tokens in published tokenizer.json files, most specific first.
@@ -123,6 +156,10 @@ class HFTokenizer(Tokenizer):
     def token_text(self, token_id: int) -> str:
         return self.decode([token_id]) or self._tok.id_to_token(int(token_id)) or f"<{token_id}>"
 
+    def hf_tokenizer(self, vocab_size: int | None = None) -> _HF:
+        """The loaded file (a padded vocabulary's extra rows stay outside it, as the file has them)."""
+        return self._tok
+
 
 def load_tokenizer(spec: str | Path | None = None, eos_token: str | None = None) -> Tokenizer:
     """``None``, ``""`` or ``"byte"`` -> :class:`ByteTokenizer`; anything else is a ``tokenizer.json`` path (or a
@@ -130,3 +167,30 @@ def load_tokenizer(spec: str | Path | None = None, eos_token: str | None = None)
     if spec is None or str(spec) in ("", "byte", "bytes"):
         return ByteTokenizer()
     return HFTokenizer(spec, eos_token=eos_token)
+
+
+def save_hf_tokenizer(
+    tokenizer: Tokenizer,
+    folder: str | Path,
+    vocab_size: int,
+    max_length: int,
+    chat_template: str | None = None,
+) -> None:
+    """Write ``tokenizer`` into ``folder`` as ``tokenizer.json`` and ``tokenizer_config.json``, the files that
+    transformers' ``AutoTokenizer``, vLLM and latentloop load; ``vocab_size`` is the model's (padded) vocabulary,
+    ``max_length`` its context, ``chat_template`` a Jinja template for chat requests."""
+    folder = Path(folder)
+    tok = tokenizer.hf_tokenizer(vocab_size)
+    config: dict[str, object] = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "model_max_length": max_length,
+        "clean_up_tokenization_spaces": False,
+        "eos_token": tok.id_to_token(tokenizer.eos_id),
+        "pad_token": tok.id_to_token(tokenizer.pad_id),
+    }
+    if tokenizer.bos_id is not None:
+        config["bos_token"] = tok.id_to_token(tokenizer.bos_id)
+    if chat_template is not None:
+        config["chat_template"] = chat_template
+    atomic_write_text(folder / "tokenizer.json", tok.to_str())
+    atomic_write_text(folder / "tokenizer_config.json", json.dumps(config, indent=2, ensure_ascii=False))

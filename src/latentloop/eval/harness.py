@@ -37,6 +37,7 @@ from tqdm import tqdm
 from latentloop.data.tokenizers import Tokenizer, load_tokenizer
 from latentloop.errors import UsageError
 from latentloop.hub import resolve_model
+from latentloop.infer.runs import lm_tokenizer
 from latentloop.models import generation
 from latentloop.models.generation import ExitCriterion
 from latentloop.models.looped_lms import load_looped_lm
@@ -71,7 +72,7 @@ class LatentloopLM(LM):
 
     ``pretrained``: a checkpoint folder, a run folder (its newest checkpoint), a Hub id of either (at
     ``revision``), or a model object. ``tokenizer``: a ``tokenizer.json``
-    (default: the checkpoint's own, else latentloop's byte tokenizer). ``num_steps``: core iterations (default:
+    (default: the checkpoint's own, else its run's, else latentloop's byte tokenizer). ``num_steps``: core iterations (default:
     the config's mean). ``exit`` (e.g. ``"kl:5e-4"``) and ``kv_share`` are passed on to generation.
     ``init_scale``: the initial latent state's scale (0, the default: zeros). ``max_length`` (default
     ``block_size``) bounds a scored window; ``prefix_token_id`` (default ``<eos>``, the document separator
@@ -116,9 +117,10 @@ class LatentloopLM(LM):
             model = load_looped_lm(folder, dtype=_DTYPES[dtype], device=target)
         self.model = model.eval()
         self._device = self.model.embedding.weight.device
-        if tokenizer is None and folder is not None and (folder / "tokenizer.json").is_file():
-            tokenizer = folder / "tokenizer.json"
-        self.tokenizer = tokenizer if isinstance(tokenizer, Tokenizer) else load_tokenizer(tokenizer)
+        if isinstance(tokenizer, Tokenizer):
+            self.tokenizer = tokenizer
+        else:
+            self.tokenizer = load_tokenizer(tokenizer) if folder is None else lm_tokenizer(folder, tokenizer)
         config = self.model.config
         if self.tokenizer.vocab_size > config.vocab_size:
             raise UsageError(

@@ -1,15 +1,16 @@
-"""Opening a trained reasoner's run: its EMA model, its task and the dataset it trained on."""
+"""Opening a trained run: a reasoner's EMA model, its task and the dataset it trained on; an LM's tokenizer."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from latentloop.data.dataset import PuzzleDataset, load_dataset
+from latentloop.data.tokenizers import Tokenizer, load_tokenizer
 from latentloop.errors import UsageError
 from latentloop.models.reasoners import Reasoner, load_reasoner
 from latentloop.tasks.base import Task, get_task, parse_task_spec
 from latentloop.train.checkpoint import resolve_checkpoint, run_folder_of
-from latentloop.train.run_config import load_reasoner_run_config
+from latentloop.train.run_config import load_reasoner_run_config, load_run_config
 
 
 def load_run(run: str | Path, task_spec: str | None = None) -> tuple[Reasoner, Task, Path, Path | None]:
@@ -48,3 +49,15 @@ def run_dataset(run: str | Path, folder: Path | None) -> PuzzleDataset:
     if data is None or not (data / "metadata.json").is_file():
         raise UsageError(f"no test data found for {run} (expected {data}/metadata.json)")
     return load_dataset(data)
+
+
+def lm_tokenizer(checkpoint: str | Path, spec: str | Path | None = None) -> Tokenizer:
+    """The tokenizer of a looped LM's checkpoint folder: ``spec`` when given, else the folder's
+    ``tokenizer.json``, else the one its run trained with (the text task's ``tokenizer``), else bytes."""
+    checkpoint = Path(checkpoint)
+    if spec is None and (checkpoint / "tokenizer.json").is_file():
+        spec = checkpoint / "tokenizer.json"
+    folder = run_folder_of(checkpoint)
+    if spec is None and folder is not None:
+        spec = load_run_config(folder / "config.yaml").task.options.get("tokenizer")
+    return load_tokenizer(spec)
