@@ -274,6 +274,8 @@ def test_field_paths():
     assert resolve(data, "models.x.cells[curve=width,steps=8].acc") == [0.9]  # every term must hold
     assert resolve(data, "models.x.cells[curve=width].acc") == [0.9, 0.7]
     assert resolve(data, "models.x.cells[curve=depth,steps=4].acc") == []
+    assert resolve({"gate": {"0.5": {"x": 1}, "0": {"x": 2}}}, "gate[0.5].x") == [1]  # a key with a dot
+    assert resolve({"gate": {"0.5": {"x": 1}}}, "gate.0.5.x") == []
     assert measure_value(Measure(("models.*.curve[steps=1].acc",), 100.0, "min"), data) == 25.0
     assert measure_value(Measure(("models.*.ok",), reduce="sum"), data) == 1.0
     assert measure_value(Measure(("models.*.ok",), reduce="count"), data) == 2.0

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import operator
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,12 +23,7 @@ CLAIMS_FILE = Path(__file__).with_name("claims.yaml")
 REPRODUCED, PARTLY, NOT, NOT_TRIED = "reproduced", "partly", "not", "not tried"
 STATUSES = (REPRODUCED, PARTLY, NOT, NOT_TRIED)
 
-_OPS: dict[str, Callable[[float, float], bool]] = {
-    ">": operator.gt,
-    ">=": operator.ge,
-    "<": operator.lt,
-    "<=": operator.le,
-}
+_OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le}
 _OP_TEXT = {">": ">", ">=": "≥", "<": "<", "<=": "≤"}
 _CONDITION = re.compile(r"^(\w+) (>=|<=|>|<) ([\w.+-]+)(?: ([+-]) ([\d.]+))?$")
 _REDUCES = ("one", "min", "max", "sum", "count")
@@ -40,9 +35,10 @@ class Measure:
 
     ``paths`` are field paths: keys separated by dots, ``*`` for every key of a mapping, ``[key=value]`` for the
     list items whose ``key`` equals ``value`` (``[a=1,b=2]``: both hold), ``[*]`` for every item and ``[N]``
-    for an index. With one path that matches one value, the value itself; otherwise ``reduce`` (``min``,
-    ``max``, ``sum``, ``count``) combines them. Booleans read as 1 and 0. The value is multiplied by ``scale``
-    (100 for fractions shown as percent). ``source`` reads another file than the claim's.
+    for an index; on a mapping, ``[key]`` reads a key that holds dots (``gate[0.5]``). With one path that
+    matches one value, the value itself; otherwise ``reduce`` (``min``, ``max``, ``sum``, ``count``) combines
+    them. Booleans read as 1 and 0. The value is multiplied by ``scale`` (100 for fractions shown as percent).
+    ``source`` reads another file than the claim's.
     """
 
     paths: tuple[str, ...]
@@ -250,6 +246,8 @@ def resolve(data: Any, path: str) -> list[Any]:
                     )
                 elif -len(node) <= int(selector) < len(node):
                     found.append(node[int(selector)])
+            elif isinstance(node, dict) and selector in node:
+                found.append(node[selector])
         nodes = found
     return nodes
 
