@@ -18,6 +18,7 @@ ended, and the server's resident memory after each round. Prints one JSON object
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -86,21 +87,27 @@ def random_model(family: str, folder: Path) -> int:
 
 
 class Server:
-    """``latentloop serve FOLDER`` in a child process, on a free loopback port."""
+    """An OpenAI-compatible server in a child process on a free loopback port: ``command`` with ``--port`` added,
+    its output written to ``log`` (dropped without one); ``url`` is its root."""
 
-    def __init__(self, folder: Path, threads: int, max_batch: int) -> None:
+    def __init__(
+        self, command: list[str], env: dict[str, str] | None = None, log: Path | None = None
+    ) -> None:
         self.client = httpx.Client(timeout=None)
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             self.port = probe.getsockname()[1]
-        command = [sys.executable, "-m", "latentloop", "serve", str(folder), "--port", str(self.port)]
-        command += ["--init-scale", "0", "--threads", str(threads), "--max-batch", str(max_batch)]
-        command += ["--served-model-name", "bench"]
-        self.process = subprocess.Popen(command, stderr=subprocess.DEVNULL)
+        # A file, not a pipe: a full pipe would stall the server.
+        with open(log, "w") if log is not None else contextlib.nullcontext(subprocess.DEVNULL) as output:
+            command = [*command, "--port", str(self.port)]
+            self.process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, env=env)
         self.url = f"http://127.0.0.1:{self.port}"
         while True:
             if self.process.poll() is not None:
-                raise UsageError(f"latentloop serve {folder} exited with status {self.process.returncode}")
+                tail = f": {log.read_text()[-1500:]}" if log is not None else ""
+                raise UsageError(
+                    f"{' '.join(command[2:5])} exited with status {self.process.returncode}{tail}"
+                )
             try:
                 if self.client.get(f"{self.url}/health").status_code == 200:
                     return
@@ -115,7 +122,17 @@ class Server:
     def close(self) -> None:
         self.client.close()
         self.process.send_signal(signal.SIGTERM)
-        self.process.wait()
+        try:
+            self.process.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+
+
+def latentloop_serve(folder: Path, threads: int, max_batch: int) -> list[str]:
+    """``latentloop serve FOLDER`` as the benchmarks run it: greedy from a zero state, named ``bench``."""
+    command = [sys.executable, "-m", "latentloop", "serve", str(folder), "--init-scale", "0"]
+    command += ["--threads", str(threads), "--max-batch", str(max_batch)]
+    return [*command, "--served-model-name", "bench"]
 
 
 def concurrently(server: Server, bodies: list[dict], clients: int) -> tuple[list[dict], float]:
@@ -142,7 +159,7 @@ def throughput(args, folder: Path) -> dict:
     common = {"max_tokens": args.max_tokens, "temperature": 0, "ignore_eos": True, "num_steps": args.depth}
     common |= {"logprobs": 0, "return_tokens_as_token_ids": True}  # the tokens, to compare with generate's
     bodies = [{"prompt": prompt, **common} for prompt in prompts]
-    server = Server(folder, args.threads, args.max_batch)
+    server = Server(latentloop_serve(folder, args.threads, args.max_batch))
     rounds, identical = [], []
     try:
         # One untimed request each way first: the first call of a process pays for allocations and warm-up.
@@ -211,7 +228,7 @@ def _rss_mib(pid: int) -> float:
 def load(args, folder: Path) -> dict:
     """``--load`` rounds of 64 concurrent clients: a third plain, a third streaming, a third leaving after
     the first chunk; every outcome counted, the server's memory after each round."""
-    server = Server(folder, args.threads, args.max_batch)
+    server = Server(latentloop_serve(folder, args.threads, args.max_batch))
 
     def client(index: int) -> str:
         body = {
@@ -267,7 +284,7 @@ def adaptive_exit(args, folder: Path) -> dict:
     config = load_run_config(run / "config.yaml", [])
     task = get_task(config.task.name, **config.task.options)
     problems = task.test_problems()[: args.problems]
-    server = Server(folder, args.threads, args.max_batch)
+    server = Server(latentloop_serve(folder, args.threads, args.max_batch))
     report = {}
     try:
         for name, extra in (("fixed_depth", {}), ("with_exit", {"exit": args.exit})):

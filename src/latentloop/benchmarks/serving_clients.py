@@ -19,19 +19,16 @@ from __future__ import annotations
 import json
 import os
 import platform
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import httpx
 import lm_eval
 import lm_eval.models.openai_completions  # registers local-completions and local-chat-completions
 import yaml
 
+from latentloop.benchmarks.serving import Server
 from latentloop.errors import ArgumentParser, UsageError, whole_number
 from latentloop.eval.harness import LatentloopLM, depth_sweep, task_manager
 from latentloop.io import emit_json_report
@@ -77,36 +74,6 @@ def write_tasks(folder: Path, task, problems) -> None:
         data.write_text("".join(json.dumps(doc) + "\n" for doc in docs))
         files = f"dataset_path: json\ntest_split: test\ndataset_kwargs:\n  data_files:\n    test: {data}\n"
         (folder / f"{name}.yaml").write_text(f"task: arith_{name}\n{files}{body}")
-
-
-class OpenAIServer:
-    """A server process on a free loopback port, started with ``command`` (which gets ``--port``)."""
-
-    def __init__(self, command: list[str], env: dict[str, str], log: Path) -> None:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
-        with open(log, "w") as stream:  # a file, not a pipe: a full pipe would stall the server
-            self.process = subprocess.Popen(
-                [*command, "--port", str(port)], stdout=stream, stderr=subprocess.STDOUT, env=env
-            )
-        self.url = f"http://127.0.0.1:{port}/v1"
-        while True:
-            if self.process.poll() is not None:
-                tail = log.read_text()[-1500:]
-                raise UsageError(f"{command[2]} exited with status {self.process.returncode}: {tail}")
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200:
-                    return
-            except httpx.TransportError:
-                time.sleep(1)
-
-    def close(self) -> None:
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
 
 
 def through_server(url: str, folder: Path, manager, block_size: int, clients: int) -> dict[str, float]:
@@ -182,9 +149,9 @@ def measure(args, checkpoint: Path, task, scratch: Path) -> dict:
         row = {"harness": harness}
         for name, command in server_commands(folder, depth, args.threads, block_size).items():
             started = time.perf_counter()
-            server = OpenAIServer(command, env, scratch / f"{name.replace(' ', '-')}-{depth}.log")
+            server = Server(command, env, scratch / f"{name.replace(' ', '-')}-{depth}.log")
             try:
-                row[name] = through_server(server.url, folder, manager, block_size, args.clients)
+                row[name] = through_server(f"{server.url}/v1", folder, manager, block_size, args.clients)
             finally:
                 server.close()
             minutes[name] = round(minutes.get(name, 0.0) + minutes_since(started), 2)

@@ -70,15 +70,15 @@ def _positive_int(name: str, value: Any, allow_none: bool = False) -> int | None
 class LatentloopLM(LM):
     """lm-eval's ``LM`` interface for a recurrent-depth checkpoint.
 
-    ``pretrained``: a checkpoint folder, a run folder (its newest checkpoint), a Hub id of either (at
-    ``revision``), or a model object. ``tokenizer``: a ``tokenizer.json``
-    (default: the checkpoint's own, else its run's, else latentloop's byte tokenizer). ``num_steps``: core iterations (default:
-    the config's mean). ``exit`` (e.g. ``"kl:5e-4"``) and ``kv_share`` are passed on to generation.
-    ``init_scale``: the initial latent state's scale (0, the default: zeros). ``max_length`` (default
-    ``block_size``) bounds a scored window; ``prefix_token_id`` (default ``<eos>``, the document separator
-    latentloop trains with) conditions a text's first token. ``max_gen_toks`` is the generation length when a
-    task sets none; ``seed`` seeds sampling, for tasks that ask for it. ``device`` and ``dtype`` (``float32``,
-    ``bfloat16``, ``float16``) say where and how the weights are loaded; log-probabilities are fp32 always.
+    ``pretrained``: a checkpoint folder, a run folder (its newest checkpoint), a Hub id of either (at ``revision``),
+    or a model object. ``tokenizer``: a ``tokenizer.json`` (default: the checkpoint's own, else its run's, else
+    latentloop's byte tokenizer). ``num_steps``: core iterations (default: the config's mean). ``exit`` (e.g.
+    ``"kl:5e-4"``) and ``kv_share`` are passed on to generation. ``init_scale``: the initial latent state's scale
+    (0, the default: zeros). ``max_length`` (default ``block_size``) bounds a scored window; ``prefix_token_id``
+    (default ``<eos>``, the document separator latentloop trains with) conditions a text's first token.
+    ``max_gen_toks`` is the generation length when a task sets none; ``seed`` seeds sampling, for tasks that ask for
+    it. ``device`` and ``dtype`` (``float32``, ``bfloat16``, ``float16``) say where and how the weights are loaded;
+    log-probabilities are fp32 always.
     """
 
     def __init__(
