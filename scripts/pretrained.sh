@@ -2,7 +2,7 @@
 # Trains the small models shipped in src/latentloop/resources/pretrained/ and copies them into the package.
 # The shipped files are the final checkpoints of four runs: TRM of `latentloop run sudoku-scaling` and
 # GRAM's long N-Queens run (configs/nqueens8-gram-long.yaml, docs/RESULTS.md, with the value head `latentloop
-# fit-value` fitted to its samples), both stopped at their time budgets, and GRAM gram-hybrid-seed-0 of
+# fit-value` fitted to its samples), both stopped at their time budgets, and GRAM gram-seed-1 of
 # `latentloop run sudoku9` (its whole schedule) and GRAM of `latentloop run nqueens10` (its whole schedule, with the
 # value head it trained on its prior's samples). Each command below replays exactly the
 # batches its run trained (`--stop-at`, the same config, seed and learning-rate schedule; training is
@@ -29,18 +29,19 @@ ship() {  # RUN NAME: the run's newest checkpoint (config.json, EMA weights, a f
   train.warmup_steps=100 train.steps=2000
 ship runs/pretrained/sudoku6-trm sudoku6-trm
 
-# 9x9 Sudoku: GRAM seed 0 with a quarter of its training samples on the prior's noise (gram-hybrid-seed-0 of
-# `latentloop run sudoku9`: the medium tier, 3,175 batches on one thread), chosen on the validation splits over
-# TRM (trained at 36 clues, shipped before it) and over the hybrid's seed 1, and solved with 20 samples answered
-# by its value head (solve.yaml; the steps keep one puzzle under a second on 2 cores).
+# 9x9 Sudoku: GRAM gram-seed-1 of `latentloop run sudoku9` (the medium tier, 3,175 batches on one thread, trained
+# along its prior's trajectory, configs/sudoku9-gram.yaml), chosen on the validation splits over its seed 0 and
+# over the hybrid that shipped before it (docs/results/sudoku9-exploration/README.md, "Choosing the shipped 9x9
+# model"), and solved with 20 samples answered by its value head (solve.yaml; the steps keep one puzzle under a
+# second on 2 cores).
 OMP_NUM_THREADS=1 .venv/bin/latentloop train --config configs/sudoku9-gram.yaml --out runs/pretrained/sudoku9-gram \
-  train.eval_every=0 train.seed=0 model.inner=3 train.steps=3175 model.prior_share=0.25
+  train.eval_every=0 train.seed=1 model.inner=3 train.steps=3175
 ship runs/pretrained/sudoku9-gram sudoku9-gram
 cat > src/latentloop/resources/pretrained/sudoku9-gram/solve.yaml <<'YAML'
 # The setting `latentloop solve sudoku PUZZLE` uses with this model, chosen on the 500 validation puzzles of the
-# medium tier (latentloop eval RUN --split validation --samples 20 --steps 32 --select value): by the value head,
-# 20 samples solve 61.8% at 8 steps, 74.6% at 16 and 81.0% at 32; 16 steps keep one puzzle under a second on
-# 2 cores (latentloop bench solve_latency). On the easy tier at 36 clues this setting solves 99.8%.
+# medium tier (latentloop eval RUN --split validation --samples 20 --steps 32 --select value; the accuracy at
+# every depth is in docs/results/sudoku9-exploration/shipped/recipe1-medium-val.json, the easy tier's in
+# recipe1-easy-val.json): 16 steps keep one puzzle under a second on 2 cores (latentloop bench solve_latency).
 steps: 16
 samples: 20
 select: value
