@@ -17,6 +17,7 @@ from latentloop.data.tokenizers import ByteTokenizer
 from latentloop.errors import UsageError
 from latentloop.models import generation
 from latentloop.models.recurrent_depth import RecurrentDepthLM
+from latentloop.nn.quantized import is_quantized
 from latentloop.train.checkpoint import latest_checkpoint
 from tests.models.test_ouro import tiny as tiny_ouro
 from tests.tiny import TINY_LM
@@ -406,3 +407,12 @@ def test_depth_sweep_on_an_ouro_folder_end_to_end(tmp_path, capsys):
         for task, value in expected_metrics(ouro, docs, depth).items():
             assert report["table"][task][str(depth)] == pytest.approx(value, rel=1e-6), (task, depth)
     assert report["table"]["tiny_ppl"]["1"] != pytest.approx(report["table"]["tiny_ppl"]["8"])
+
+
+def test_int8_weights_score_and_generate_with_the_quantized_model(model):
+    """`harness --weights int8`: the wrapper holds the quantized copy, and its generations are int8 generate's."""
+    lm = wrapper(model, batch_size=4, weights="int8")
+    assert is_quantized(lm.model) and lm.get_model_info()["weights"] == "int8"
+    prompts = ["12+34=", "5+7="]
+    got = lm.generate_until(instances("generate_until", [(p, {"max_gen_toks": 5}) for p in prompts]))
+    assert got == [greedy_text(model, p, lm.num_steps, 5, weights="int8") for p in prompts]

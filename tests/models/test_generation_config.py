@@ -51,6 +51,7 @@ def prompt() -> torch.Tensor:
         ("draft_tokens", 0),
         ("num_samples", True),
         ("num_samples", 0),
+        ("weights", "int4"),
     ],
 )
 def test_each_bad_field_is_named_in_its_error(field, value) -> None:
@@ -71,6 +72,8 @@ def test_each_bad_field_is_named_in_its_error(field, value) -> None:
         ({"speculative": 2, "exit": "kl"}, "adaptive exit"),
         ({"use_cache": False, "kv_share": 2}, "need the KV cache"),
         ({"speculative": 2, "compile": True}, "compile"),
+        ({"weights": "int8", "prepack": True}, "weights does not combine with prepack"),
+        ({"weights": "int8", "screen_head": True}, "weights does not combine with prepack or screen_head"),
     ],
 )
 def test_settings_that_do_not_go_together_are_refused(settings, message) -> None:

@@ -120,6 +120,11 @@ def test_bad_input_exits_2_and_writes_nothing(lm_run, tmp_path, capsys, gram_run
             ],
             "does not exist",
         ),
+        (
+            ["quantize", str(lm_run), "--out", str(tmp_path / "e"), "--weights", "int4"],
+            "weights must be one of int8",
+        ),
+        (["generate", str(lm_run), "1+1=", "--weights", "fp8"], "weights must be one of int8"),
     ]
     for argv, message in cases:
         assert main(argv) == 2, argv
@@ -127,3 +132,26 @@ def test_bad_input_exits_2_and_writes_nothing(lm_run, tmp_path, capsys, gram_run
         assert message in err and len(err.strip().splitlines()) == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["big.json", "taken"]
     assert [p.name for p in taken.iterdir()] == ["file"]
+
+
+def test_a_quantized_run_decodes_as_the_run_with_int8_weights(lm_run, tmp_path, capsys):
+    """`latentloop quantize` writes a folder that generate loads as it is: the tokens of `generate RUN
+    --weights int8`, at a quarter of the weight bytes, with the run's tokenizer beside it."""
+    out = tmp_path / "int8"
+    assert main(["quantize", str(lm_run), "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert {"quantization.json", "tokenizer.json", "model.safetensors"} <= {p.name for p in out.iterdir()}
+    floats = resolve_checkpoint(lm_run) / "model.safetensors"
+    assert (
+        out / "model.safetensors"
+    ).stat().st_size < 0.35 * floats.stat().st_size  # norms and scales stay fp32
+    texts = []
+    for argv in (
+        [str(out)],
+        [str(lm_run), "--weights", "int8"],
+        [str(out), "--compile"],
+    ):
+        assert main(["generate", *argv, "12+34=", "-n", "6", "-r", "3", "--init-scale", "0", "--json"]) == 0
+        texts.append(json.loads(capsys.readouterr().out)["tokens"])
+    assert texts[0] == texts[1]
+    assert texts[2] == texts[0]  # the compiled single-row kernel keeps fp32 activations; this tiny run agrees

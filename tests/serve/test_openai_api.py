@@ -17,7 +17,9 @@ from fastapi.testclient import TestClient
 from latentloop.data.tokenizers import ByteTokenizer
 from latentloop.models.generation import generate
 from latentloop.models.recurrent_depth import RecurrentDepthLM
+from latentloop.nn.quantized import is_quantized
 from latentloop.serve.engine import Engine
+from latentloop.serve.loading import load_served
 from latentloop.serve.openai_api import Served, create_app
 from latentloop.serve.scoring import prompt_logprobs
 from tests.conftest import tiny_config
@@ -274,3 +276,16 @@ def test_tokens_as_ids_name_every_generated_token(client, model):
     out = generate(model, torch.tensor([list(b"xyz")]), max_new_tokens=6, init_scale=0.0)
     ids = out.sequences[0, 3:].tolist()
     assert block["choices"][0]["logprobs"]["tokens"] == [f"token_id:{i}" for i in ids]
+
+
+def test_an_int8_deployment_serves_the_tokens_of_int8_generation(model, tmp_path):
+    """`latentloop serve --weights int8` loads the weights quantized, and its completions are generate's with
+    the same weights."""
+    model.save_pretrained(tmp_path)
+    served = load_served(str(tmp_path), tokenizer=None, weights="int8", init_scale=0.0)
+    assert is_quantized(served.engine.model)
+    with TestClient(create_app(served)) as client:
+        body = {"prompt": "The cat", "max_tokens": 10, "temperature": 0, "num_steps": 3, "ignore_eos": True}
+        reply = client.post("/v1/completions", json=body).json()
+    expected = reference(model, "The cat", True, max_new_tokens=10, num_steps=3, weights="int8")
+    assert reply["choices"][0]["text"] == expected

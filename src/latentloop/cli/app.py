@@ -37,6 +37,12 @@ app.add_typer(data_app, name="data")
 REVISION = typer.Option(
     None, "--revision", help="With a Hub model id (org/name): its branch, tag or commit (default main)."
 )
+WEIGHTS = typer.Option(
+    None,
+    "--weights",
+    help="Keep the linear and embedding weights as int8 (one scale per output row): a quarter of fp32's bytes "
+    "read per weight (default: as loaded).",
+)
 TEMPERATURE = typer.Option(
     1.0,
     "--temperature",

@@ -58,7 +58,7 @@ def generate(
         settings["sampler"] = ParallelSampler(**sampler)
     config = GenerationConfig(do_sample=temperature > 0, temperature=temperature or 1.0, **settings)
     folder = resolve_checkpoint(resolve_model(model, revision))
-    lm = load_looped_lm(folder)
+    lm = load_looped_lm(folder, weights=config.weights)  # quantized once, without keeping a float copy
     tok = lm_tokenizer(folder, tokenizer)
     ids = tok.encode(prompt)
     if not ids:
@@ -77,7 +77,7 @@ def generate(
     if not as_json:
         typer.echo(prompt + text)
         return
-    shown = ("exit", "kv_share", "speculative", "compile", "prepack", "screen_head")
+    shown = ("exit", "kv_share", "speculative", "compile", "prepack", "screen_head", "weights")
     result = {
         "text": text,
         "tokens": new,

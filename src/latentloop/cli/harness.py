@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from latentloop.cli.app import REVISION, app, deprecated, int_list
+from latentloop.cli.app import REVISION, WEIGHTS, app, deprecated, int_list
 from latentloop.errors import UsageError
 
 INSTALL_HINT = "pip install 'latentloop[eval]' (or pip install lm-eval)"
@@ -63,6 +63,7 @@ def harness(
         None, "--tokenizer", help="tokenizer.json (default: the model's, else its run's, else bytes)."
     ),
     device: str = typer.Option("cpu", "--device", help="cpu, cuda, cuda:1, ..."),
+    weights: str = WEIGHTS,
     bootstrap_iters: int = typer.Option(
         100_000,
         "--bootstrap-iters",
@@ -96,6 +97,7 @@ def harness(
         init_scale=init_scale,
         batch_size=batch_size,
         device=device,
+        weights=weights,
     )
     report = lm_harness.depth_sweep(
         lm,

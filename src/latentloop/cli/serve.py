@@ -1,5 +1,6 @@
 """``latentloop serve``: an OpenAI-compatible server for a looped LM, with the depth and exit each request asks;
-``latentloop export``: a looped LM with its tokenizer as one folder that servers load."""
+``latentloop export``: a looped LM with its tokenizer as one folder that servers load; ``latentloop quantize``: the
+same with int8 weights."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from latentloop.cli.app import REVISION, app
+from latentloop.cli.app import REVISION, WEIGHTS, app
 from latentloop.errors import UsageError
 
 INSTALL_HINT = "pip install 'latentloop[serve]' (or pip install fastapi uvicorn)"
@@ -47,6 +48,7 @@ def serve(
         1.0, "--init-scale", help="Default scale of the random initial state (0 = zeros: deterministic)."
     ),
     threads: int = typer.Option(None, "--threads", help="Torch threads (default: torch's)."),
+    weights: str = WEIGHTS,
 ) -> None:
     """Serve a looped LM (recurrent-depth/Huginn or Ouro) over OpenAI's API: /v1/completions and
     /v1/chat/completions (streaming too), /v1/models, /health. Concurrent requests decode as one batch, each
@@ -82,6 +84,7 @@ def serve(
         tokenizer=tokenizer,
         chat_template=chat_template,
         max_batch=max_batch,
+        weights=weights,
         kv_share=kv_share,
         init_scale=init_scale,
         num_steps=num_steps,
@@ -113,4 +116,33 @@ def export(
     from latentloop.serve.export import export_lm
 
     folder = export_lm(model, out, tokenizer=tokenizer, chat_template=chat_template, revision=revision)
+    typer.echo(f"wrote {folder}")
+
+
+@app.command("quantize")
+def quantize(
+    model: str = typer.Argument(
+        ..., help="A run folder, a checkpoint folder (config.json + model.safetensors), or a Hub model id."
+    ),
+    out: Path = typer.Option(..., "--out", help="The folder to write (must not exist, or be empty)."),
+    weights: str = typer.Option(
+        "int8", "--weights", help="The weight format: int8 (one scale per output row)."
+    ),
+    revision: str = REVISION,
+    tokenizer: str = typer.Option(
+        None, "--tokenizer", help="tokenizer.json (default: the model's, else its run's, else bytes)."
+    ),
+    chat_template: Path = typer.Option(
+        None,
+        "--chat-template",
+        help="A Jinja chat template file (default: tokenizer_config.json's chat_template beside the model).",
+    ),
+) -> None:
+    """Write a looped LM with its linear and embedding weights quantized (int8, a quarter of fp32's bytes) and
+    its tokenizer as one folder that generate, harness, serve and load_looped_lm load as it is; docs/lm.md."""
+    from latentloop.serve.export import export_lm
+
+    folder = export_lm(
+        model, out, tokenizer=tokenizer, chat_template=chat_template, revision=revision, weights=weights
+    )
     typer.echo(f"wrote {folder}")

@@ -39,7 +39,7 @@ from latentloop.errors import UsageError
 from latentloop.hub import resolve_model
 from latentloop.infer.runs import lm_tokenizer
 from latentloop.models import generation
-from latentloop.models.generation import ExitCriterion
+from latentloop.models.generation import ExitCriterion, quantized_copy
 from latentloop.models.looped_lms import load_looped_lm
 from latentloop.models.ouro import OuroLM
 from latentloop.models.recurrent_depth import RecurrentDepthLM
@@ -77,8 +77,9 @@ class LatentloopLM(LM):
     (0, the default: zeros). ``max_length`` (default ``block_size``) bounds a scored window; ``prefix_token_id``
     (default ``<eos>``, the document separator latentloop trains with) conditions a text's first token.
     ``max_gen_toks`` is the generation length when a task sets none; ``seed`` seeds sampling, for tasks that ask for
-    it. ``device`` and ``dtype`` (``float32``, ``bfloat16``, ``float16``) say where and how the weights are loaded;
-    log-probabilities are fp32 always.
+    it. ``device`` and ``dtype`` (``float32``, ``bfloat16``, ``float16``) say where and how the weights are loaded,
+    ``weights`` (``int8``) in which format the linear and embedding weights are kept; log-probabilities are fp32
+    always.
     """
 
     def __init__(
@@ -96,6 +97,7 @@ class LatentloopLM(LM):
         prefix_token_id: int | None = None,
         device: str = "cpu",
         dtype: str = "float32",
+        weights: str | None = None,
         seed: int = 0,
         **unknown: Any,
     ) -> None:
@@ -110,13 +112,14 @@ class LatentloopLM(LM):
         if isinstance(pretrained, (RecurrentDepthLM, OuroLM)):
             if revision is not None:
                 raise UsageError("revision applies only to a Hub model id")
-            model = pretrained
+            model = pretrained if weights is None else quantized_copy(pretrained, weights)
         else:
             target = _device(device)
             folder = _checkpoint_folder(pretrained, revision)
-            model = load_looped_lm(folder, dtype=_DTYPES[dtype], device=target)
+            model = load_looped_lm(folder, dtype=_DTYPES[dtype], device=target, weights=weights)
         self.model = model.eval()
         self._device = self.model.embedding.weight.device
+        self.weights = weights
         if isinstance(tokenizer, Tokenizer):
             self.tokenizer = tokenizer
         else:
@@ -205,6 +208,7 @@ class LatentloopLM(LM):
             "exit": self.exit_spec,
             "kv_share": self.kv_share,
             "init_scale": self.init_scale,
+            "weights": self.weights,
             "max_length": self.max_length,
             "tokenizer": self.tokenizer.name,
         }

@@ -31,6 +31,7 @@ from latentloop.errors import UsageError
 from latentloop.models.exit_criteria import ExitCriterion
 from latentloop.models.kv_cache import DecodeSlots, RecurrentKVCache
 from latentloop.models.parallel_sampler import parallel_generate
+from latentloop.nn.quantized import activation_dtype
 from latentloop.nn.screened import ScreenedArgmax
 
 if TYPE_CHECKING:  # annotations only: generation imports this module, recurrent_depth imports generation
@@ -135,7 +136,7 @@ class Sequences:
         self.mask = None if attention_mask is None else attention_mask.to(self.device).long()
         self.cache = None
         if config.use_cache:
-            model_config, dtype = model.config, model.embedding.weight.dtype
+            model_config, dtype = model.config, activation_dtype(model.embedding)
             self.cache = RecurrentKVCache(
                 input_ids.shape[0],
                 model_config.n_heads,

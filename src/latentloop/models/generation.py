@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
+import weakref
 from dataclasses import dataclass
 from numbers import Integral, Real
 from typing import TYPE_CHECKING, Any
@@ -25,6 +26,7 @@ from latentloop.models.decoding import GenerationOutput, decoding_strategy
 from latentloop.models.exit_criteria import EXIT_CRITERIA, ExitCriterion, register_exit_criterion
 from latentloop.models.parallel_sampler import ParallelSampler
 from latentloop.nn.packed import prepacked
+from latentloop.nn.quantized import WEIGHT_FORMATS, is_quantized, quantize_weights
 from latentloop.nn.screened import screened_argmax
 
 if TYPE_CHECKING:  # annotations only: recurrent_depth imports this module for RecurrentDepthLM.generate
@@ -73,7 +75,10 @@ class GenerationConfig:
     model whose linear weights are repacked for oneDNN's CPU kernels (:func:`latentloop.nn.packed.prepacked`):
     faster eager decoding on a CPU (docs/lm.md measures it level with ``compile``), at the memory of a second
     copy of those weights during the call, and with sums in another order (the last bits of the logits
-    differ). ``screen_head`` chooses each greedy token from an fp16 copy of the output layer, computing in fp32
+    differ). ``weights="int8"`` decodes through a copy of the model whose linear and embedding weights are int8
+    with one scale per output row (:func:`quantized_copy`): a quarter of fp32's bytes read per weight, where a
+    looped LM's decoding is bound by memory bandwidth (docs/lm.md measures its speed and drift). ``screen_head``
+    chooses each greedy token from an fp16 copy of the output layer, computing in fp32
     only the logits that can still be the largest (:class:`latentloop.nn.screened.ScreenedArgmax`): the tokens of
     the full fp32 product (two logits equal to fp32's last bits may order either way, as between any two
     kernels), at half the bytes of the largest weight read per token. It needs greedy decoding and no
@@ -117,6 +122,11 @@ class GenerationConfig:
         False,
         "Decode through a copy of the model with its linear weights repacked for oneDNN's CPU kernels: faster "
         "eager decoding, at a second copy of those weights.",
+    )
+    weights: str | None = option(
+        None,
+        "Decode with the linear and embedding weights in this format: int8 (one scale per output row; a copy, "
+        "kept while the model's weights stay the same). Default: the model's own.",
     )
     screen_head: bool = option(
         False,
@@ -204,6 +214,11 @@ class GenerationConfig:
                 "screen_head gives greedy tokens only: it does not combine with do_sample, return_logits or "
                 "speculative decoding"
             )
+        if self.weights is not None and self.weights not in WEIGHT_FORMATS:
+            raise UsageError(f"weights must be one of {', '.join(WEIGHT_FORMATS)}, got {self.weights!r}")
+        if self.weights is not None and (self.prepack or self.screen_head):
+            # Both read the float weights that quantization replaces.
+            raise UsageError("weights does not combine with prepack or screen_head")
         if self.prepack and self.compile:
             # A compiled graph cannot take oneDNN's opaque packed weights as inputs.
             raise UsageError("prepack and compile do not combine: choose one")
@@ -264,6 +279,8 @@ def generate(
         raise UsageError(
             f"attention_mask shape {tuple(attention_mask.shape)} differs from input {tuple(input_ids.shape)}"
         )
+    if config.weights is not None:
+        model = quantized_copy(model, config.weights)
     check_loop(model, config)
     if config.num_samples > 1:
         return _vote(model, input_ids, config, attention_mask, generator)
@@ -294,6 +311,23 @@ def generate(
     finally:
         model.train(was_training)
     return _plain(out)
+
+
+_QUANTIZED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def quantized_copy(model: LoopedLM, weights: str) -> LoopedLM:
+    """``model`` with its weights in ``weights`` format (:func:`latentloop.nn.quantized.quantize_weights`); a
+    model already quantized is returned as it is. The copy is kept with the model and made again once one of
+    the model's weights changes (a training step)."""
+    if is_quantized(model):
+        return model
+    stamp = tuple((id(p), p._version) for p in model.parameters())
+    kept = _QUANTIZED.get(model)
+    if kept is None or kept[0] != (weights, stamp):
+        kept = ((weights, stamp), quantize_weights(model, weights).eval())
+        _QUANTIZED[model] = kept
+    return kept[1]
 
 
 def check_loop(model: LoopedLM, config: GenerationConfig) -> None:

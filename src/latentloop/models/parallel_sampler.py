@@ -38,6 +38,7 @@ import torch
 from latentloop.config import option
 from latentloop.errors import UsageError
 from latentloop.models.kv_cache import RecurrentKVCache
+from latentloop.nn.quantized import activation_dtype
 
 if TYPE_CHECKING:
     from latentloop.models.looped import LoopedLM
@@ -108,7 +109,7 @@ def parallel_generate(
     stops = set(stop_tokens or [])
     capacity = input_ids.shape[1] + max_new_tokens
     cache = RecurrentKVCache(
-        1, config.n_heads, config.head_dim, capacity, 1, model.embedding.weight.dtype, device
+        1, config.n_heads, config.head_dim, capacity, 1, activation_dtype(model.embedding), device
     )
     prefill = model(input_ids.to(device), num_steps=depth, init_scale=init_scale, cache=cache)
     produced = [int(choose(prefill.logits[:, -1]))]

@@ -38,6 +38,7 @@ from latentloop.models.kv_cache import LayerKey, RecurrentKVCache
 from latentloop.models.looped import LoopedLM
 from latentloop.models.recurrent_depth import StepContext
 from latentloop.nn import KVHook
+from latentloop.nn.quantized import activation_dtype
 
 # The GenerationConfig fields a request may set; the rest are the deployment's or belong to other decoders.
 REQUEST_FIELDS = (
@@ -335,7 +336,7 @@ class Engine:
         config = self.model.config
         length = max(row.length for row in rows)
         capacity = length + max(row.remaining for row in rows)
-        dtype = self.model.embedding.weight.dtype
+        dtype = activation_dtype(self.model.embedding)
         cache = RecurrentKVCache(
             len(rows), config.n_heads, config.head_dim, capacity, self.kv_share, dtype, self.device
         )

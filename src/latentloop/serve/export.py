@@ -21,7 +21,8 @@ from latentloop.errors import UsageError
 from latentloop.hub import resolve_model
 from latentloop.infer.runs import lm_tokenizer
 from latentloop.io import writing_to
-from latentloop.models.looped_lms import load_looped_lm
+from latentloop.models.looped_lms import load_looped_lm, save_quantized
+from latentloop.nn.quantized import is_quantized
 from latentloop.train.checkpoint import resolve_checkpoint
 
 
@@ -52,15 +53,18 @@ def export_lm(
     tokenizer: str | Path | None = None,
     chat_template: Path | None = None,
     revision: str | None = None,
+    weights: str | None = None,
 ) -> Path:
     """Write the looped LM at ``model`` (a run folder, a checkpoint folder or a Hub id) into the new folder
     ``out``, with its tokenizer (``tokenizer``, else the checkpoint's, else its run's, else bytes) and chat template
-    (the file ``chat_template``, else the one beside the model); ``out`` appears complete or not at all."""
+    (the file ``chat_template``, else the one beside the model); ``out`` appears complete or not at all. With
+    ``weights`` (``int8``) the weights are quantized and written in latentloop's quantized layout
+    (:func:`~latentloop.models.looped_lms.save_quantized`), which latentloop loads and vLLM does not."""
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UsageError(f"{out} exists and is not an empty folder")
     folder = resolve_checkpoint(resolve_model(model, revision))
-    lm = load_looped_lm(folder)
+    lm = load_looped_lm(folder, weights=weights)
     tok = lm_tokenizer(folder, tokenizer)
     if tok.vocab_size > lm.config.vocab_size:
         raise UsageError(
@@ -71,7 +75,10 @@ def export_lm(
         out.parent.mkdir(parents=True, exist_ok=True)
         temp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        lm.save_pretrained(temp)
+        if is_quantized(lm):
+            save_quantized(lm, temp)
+        else:
+            lm.save_pretrained(temp)
         save_hf_tokenizer(tok, temp, lm.config.vocab_size, lm.config.block_size, template)
         os.replace(temp, out)  # onto an empty folder too
     finally:

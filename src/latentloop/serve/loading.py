@@ -26,14 +26,16 @@ def load_served(
     init_scale: float = 1.0,
     num_steps: int | None = None,
     exit: str | None = None,
+    weights: str | None = None,
 ) -> Served:
     """The model at ``model`` (a checkpoint folder, a run folder or a Hub id) ready to serve, with the
-    deployment's defaults for what a request leaves out (``init_scale``, ``num_steps``, ``exit``)."""
+    deployment's defaults for what a request leaves out (``init_scale``, ``num_steps``, ``exit``); ``weights``
+    (``int8``) quantizes the linear and embedding weights as they load."""
     GenerationConfig(
-        num_steps=num_steps, init_scale=init_scale, exit=exit
+        num_steps=num_steps, init_scale=init_scale, exit=exit, weights=weights
     )  # refuses bad values before loading
     folder = resolve_checkpoint(resolve_model(model, revision))
-    lm = load_looped_lm(folder)
+    lm = load_looped_lm(folder, weights=weights)
     return Served(
         Engine(lm, max_batch=max_batch, kv_share=kv_share),
         lm_tokenizer(folder, tokenizer),
