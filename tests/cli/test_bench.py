@@ -5,14 +5,21 @@ from __future__ import annotations
 import json
 
 import torch
+from torch import nn
 
+from latentloop.benchmarks.int8_decoding import bytes_per_token
 from latentloop.cli import main
+from latentloop.data.labels import IGNORE_LABEL
+from latentloop.eval.metrics import heldout_metric
 from latentloop.models.generation import generate
 from latentloop.models.recurrent_depth import RecurrentDepthLM
+from latentloop.nn.quantized import quantize_weights
+from latentloop.tasks.arithmetic import ArithmeticTask
 from latentloop.tasks.text import TextTask
 from latentloop.train.checkpoint import resolve_checkpoint
 from latentloop.train.loop import train
 from latentloop.train.run_config import build_run_config
+from tests.conftest import tiny_config
 from tests.tiny import TINY_LM
 
 
@@ -139,3 +146,51 @@ def test_the_clients_benchmark_refuses_what_it_cannot_score(tmp_path, capsys, gr
         assert main(["bench", "serving_clients", *argv]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and message in err[0], err
+
+
+def test_int8_quality_compares_the_run_with_its_quantized_copy(tmp_path, capsys):
+    run = tmp_path / "run"
+    train(build_run_config(TINY_LM), run)
+    out = tmp_path / "quality.json"
+    argv = ["--model", str(run), "--depths", "1,3", "--limit", "8", "--tokens", "3", "--threads", "1"]
+    assert main(["bench", "int8_quality", *argv, "--output", str(out)]) == 0
+    report = json.loads(out.read_text())
+    fp32 = RecurrentDepthLM.from_pretrained(resolve_checkpoint(run)).eval()
+    int8 = quantize_weights(fp32).eval()
+    task = ArithmeticTask(**{k: v for k, v in report["task"].items() if k != "name"})
+    inputs, labels, _ = next(iter(task.heldout_batches(64, 8)))
+    scored = labels != IGNORE_LABEL
+    with torch.inference_mode():
+        for row in report["rows"]:
+            depth = row["depth"]
+            assert row["fp32_exact_match"] == heldout_metric(fp32, task, depth, limit=8)["exact_match"]
+            assert row["int8_exact_match"] == heldout_metric(int8, task, depth, limit=8)["exact_match"]
+            a = fp32(inputs, num_steps=depth, init_scale=0.0).logits[scored].argmax(-1)
+            b = int8(inputs, num_steps=depth, init_scale=0.0).logits[scored].argmax(-1)
+            assert row["positions"] == int(scored.sum())
+            assert row["greedy_agreement"] == round(float((a == b).float().mean()), 5)
+
+
+def test_the_bytes_a_token_reads_grow_by_the_core_at_each_step():
+    torch.manual_seed(0)
+    model = RecurrentDepthLM(tiny_config()).eval()
+    prompt = torch.randint(1, 90, (1, 8))
+    core = [
+        model.transformer.adapter,
+        *(m for m in model.transformer.core_block.modules() if isinstance(m, nn.Linear)),
+    ]
+    per_step = sum(layer.weight.numel() * 4 for layer in core)
+    with torch.inference_mode():
+        one, three = (bytes_per_token(model, prompt, depth) for depth in (1, 3))
+        assert three - one == 2 * per_step
+        int8 = quantize_weights(model)
+        scales = sum(layer.weight.shape[0] * 4 for layer in core)
+        assert bytes_per_token(int8, prompt, 3) - bytes_per_token(int8, prompt, 1) == 2 * (
+            per_step // 4 + scales
+        )
+
+
+def test_int8_decoding_refuses_an_unknown_shape_in_one_line(capsys):
+    assert main(["bench", "int8_decoding", "--shapes", "llama-70b"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unknown shape 'llama-70b'" in err[0]
