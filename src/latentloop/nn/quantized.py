@@ -87,10 +87,23 @@ class Int8Linear(nn.Module):
             out = F.linear(x, self.weight.to(x.dtype)) * self.scale.to(x.dtype)
         elif torch.compiler.is_compiling() and x.numel() <= ROW_DOT_MAX_ROWS * x.shape[-1]:
             out = (x.unsqueeze(-2) * self.weight.to(x.dtype)).sum(-1) * self.scale.to(x.dtype)
-        else:
+        elif torch.compiler.is_compiling():
             out = int8_rows(x.reshape(-1, self.in_features), self.weight, self.scale)
             out = out.view(*x.shape[:-1], self.out_features)
+        else:  # the kernel called directly: a decoding step makes hundreds of these calls
+            rows = x.reshape(-1, self.in_features).to(torch.bfloat16)
+            out = torch.ops.aten._weight_int8pack_mm(rows, self.weight, self._bf16_scale())
+            out = out.to(x.dtype).view(*x.shape[:-1], self.out_features)
         return out if self.bias is None else out + self.bias.to(out.dtype)
+
+    def _bf16_scale(self) -> torch.Tensor:
+        """The scales in bf16, as the kernel takes them; made once for each scale tensor."""
+        key = (id(self.scale), self.scale._version)
+        cached = self.__dict__.get("_bf16_scales")
+        if cached is None or cached[0] != key:
+            cached = (key, self.scale.to(torch.bfloat16))
+            self.__dict__["_bf16_scales"] = cached
+        return cached[1]
 
     def extra_repr(self) -> str:
         return (
