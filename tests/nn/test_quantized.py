@@ -82,3 +82,16 @@ def test_the_copy_shares_everything_but_the_quantized_weights():
         quantize_weights(quantized)
     with pytest.raises(UsageError, match="weights must be one of int8"):
         quantize_weights(model, "int4")
+
+
+def test_the_kernels_scales_follow_the_layers_scales(layer):
+    """The eager kernel keeps the scales in bf16; a changed or replaced scale tensor is read again."""
+    x = torch.randn(2, 96)
+    before = layer(x)
+    with torch.no_grad():
+        layer.scale.mul_(2)
+    torch.testing.assert_close(layer(x), 2 * (before - layer.bias) + layer.bias)
+    layer.scale = torch.ones(40)
+    torch.testing.assert_close(
+        layer(x), F.linear(x.bfloat16().float(), layer.weight.float(), layer.bias), atol=0.5, rtol=0.02
+    )
