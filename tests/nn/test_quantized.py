@@ -95,3 +95,14 @@ def test_the_kernels_scales_follow_the_layers_scales(layer):
     torch.testing.assert_close(
         layer(x), F.linear(x.bfloat16().float(), layer.weight.float(), layer.bias), atol=0.5, rtol=0.02
     )
+
+
+def test_a_model_quantized_in_inference_mode_decodes():
+    """Tensors made in inference mode keep no version count; the kernel's scales are read all the same."""
+    torch.manual_seed(0)
+    with torch.inference_mode():
+        layer = Int8Linear.of(nn.Linear(96, 40))
+        x = torch.randn(2, 96)
+        torch.testing.assert_close(
+            layer(x), F.linear(x.bfloat16().float(), dequantized(layer), layer.bias), atol=0.05, rtol=0.02
+        )

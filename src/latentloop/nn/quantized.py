@@ -98,10 +98,11 @@ class Int8Linear(nn.Module):
 
     def _bf16_scale(self) -> torch.Tensor:
         """The scales in bf16, as the kernel takes them; made once for each scale tensor."""
-        key = (id(self.scale), self.scale._version)
+        scale = self.scale  # tensors made in inference mode keep no version count
+        key = (id(scale), scale.data_ptr(), None if scale.is_inference() else scale._version)
         cached = self.__dict__.get("_bf16_scales")
         if cached is None or cached[0] != key:
-            cached = (key, self.scale.to(torch.bfloat16))
+            cached = (key, scale.to(torch.bfloat16))
             self.__dict__["_bf16_scales"] = cached
         return cached[1]
 
