@@ -26,7 +26,7 @@ from latentloop.models.decoding import GenerationOutput, decoding_strategy
 from latentloop.models.exit_criteria import EXIT_CRITERIA, ExitCriterion, register_exit_criterion
 from latentloop.models.parallel_sampler import ParallelSampler
 from latentloop.nn.packed import prepacked
-from latentloop.nn.quantized import WEIGHT_FORMATS, is_quantized, quantize_weights
+from latentloop.nn.quantized import check_weight_format, is_quantized, quantize_weights
 from latentloop.nn.screened import screened_argmax
 
 if TYPE_CHECKING:  # annotations only: recurrent_depth imports this module for RecurrentDepthLM.generate
@@ -214,8 +214,7 @@ class GenerationConfig:
                 "screen_head gives greedy tokens only: it does not combine with do_sample, return_logits or "
                 "speculative decoding"
             )
-        if self.weights is not None and self.weights not in WEIGHT_FORMATS:
-            raise UsageError(f"weights must be one of {', '.join(WEIGHT_FORMATS)}, got {self.weights!r}")
+        check_weight_format(self.weights)
         if self.weights is not None and (self.prepack or self.screen_head):
             # Both read the float weights that quantization replaces.
             raise UsageError("weights does not combine with prepack or screen_head")

@@ -16,7 +16,13 @@ from latentloop.models.huginn_format import read_safetensors_folder
 from latentloop.models.ouro import MODEL_TYPE as OURO_MODEL_TYPE
 from latentloop.models.ouro import OuroLM, read_ouro_config
 from latentloop.models.recurrent_depth import RecurrentDepthConfig, RecurrentDepthLM, load_config_json
-from latentloop.nn.quantized import WEIGHT_FORMATS, Int8Embedding, is_quantized, quantize_weights
+from latentloop.nn.quantized import (
+    WEIGHT_FORMATS,
+    Int8Embedding,
+    check_weight_format,
+    is_quantized,
+    quantize_weights,
+)
 from latentloop.nn.rope import RotaryEmbedding
 
 # model_type -> class; a checkpoint without model_type is taken for a recurrent-depth (Huginn) one.
@@ -57,8 +63,7 @@ def load_looped_lm(
     """A Huginn-layout or Ouro-layout checkpoint from a local folder or a Hub id, as its own class; a folder of
     :func:`save_quantized` loads quantized. ``weights`` (``"int8"``) quantizes the linear and embedding
     weights as they load (:func:`~latentloop.nn.quantized.quantize_weights`)."""
-    if weights is not None and weights not in WEIGHT_FORMATS:
-        raise UsageError(f"weights must be one of {', '.join(WEIGHT_FORMATS)}, got {weights!r}")
+    check_weight_format(weights)
     folder = resolve_model(path, revision=revision)
     if (folder / QUANTIZATION_FILE).is_file():
         return load_quantized(folder, dtype=dtype, device=device)

@@ -151,14 +151,19 @@ def is_quantized(module: nn.Module) -> bool:
     return any(isinstance(m, QUANTIZED) for m in module.modules())
 
 
+def check_weight_format(weights: str | None) -> None:
+    """Refuses a weight format other than None (the model's own) and :data:`WEIGHT_FORMATS`, in one line."""
+    if weights is not None and weights not in WEIGHT_FORMATS:
+        raise UsageError(f"weights must be one of {', '.join(WEIGHT_FORMATS)}, got {weights!r}")
+
+
 def quantize_weights(module: nn.Module, weights: str = "int8") -> nn.Module:
     """A copy of ``module`` with every ``nn.Linear`` and ``nn.Embedding`` weight in ``weights`` format
     (:data:`WEIGHT_FORMATS`): :class:`Int8Linear` and :class:`Int8Embedding` layers. Every other parameter and
     buffer (norms, biases) is shared with ``module``. A weight two layers share (an output layer tied to the
     embedding) is quantized once and stays shared. Works on a model built on the meta device too (for
     loading a quantized checkpoint)."""
-    if weights not in WEIGHT_FORMATS:
-        raise UsageError(f"weights must be one of {', '.join(WEIGHT_FORMATS)}, got {weights!r}")
+    check_weight_format(weights)
     if is_quantized(module):
         raise UsageError("the model's weights are already quantized")
     shared = {id(t): t for t in itertools.chain(module.parameters(), module.buffers())}
